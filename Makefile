@@ -1,0 +1,36 @@
+# labkit — two commands do everything on a fresh machine:
+#   make run    bootstrap .venv (when missing or stale), then run the quickstart card end to end
+#   make test   bootstrap .venv, then the test suite (offline, CPU, no hub)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.labkit-installed
+CARD   ?= params/quickstart.yaml
+
+.PHONY: run test test-slow lab venv clean-runs
+
+# Reinstalled only when requirements.txt or pyproject.toml is newer than the stamp (or .venv is missing):
+# a second call installs nothing.
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e . \
+		|| $(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/labkit run $(CARD)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m slow
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+clean-runs:
+	rm -rf runs/
