@@ -1,0 +1,243 @@
+"""The experiment card: strict pydantic models for every section of a card.
+
+A card is one YAML file, one variant of an experiment. Unknown keys, wrong types and missing
+required keys are errors; `labkit.cards` turns them into one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    """Base of every card section: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+# --------------------------------------------------------------------------- experiment
+class Target(Strict):
+    behaviour: Literal["classification", "extraction", "format", "summarisation", "generation"]
+    primary_metric: str = Field(description="metric name computed by labkit.metrics, e.g. field_accuracy")
+    min_improvement: float = Field(description="absolute gain over the baseline that confirms the hypothesis")
+
+
+class Guardrail(Strict):
+    metric: str
+    min: float | None = Field(default=None, description="the tuned value must be at least this")
+    max: float | None = Field(default=None, description="the tuned value must be at most this")
+    max_drop: float | None = Field(default=None, description="largest allowed drop below the baseline")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> "Guardrail":
+        if self.min is None and self.max is None and self.max_drop is None:
+            raise ValueError("a guardrail needs one of min, max or max_drop")
+        return self
+
+
+class Experiment(Strict):
+    id: str = Field(description="groups variants; folder name under runs/")
+    variant: str = Field(description="this card's name")
+    hypothesis: str = Field(min_length=10, description="what you expect, written before compute")
+    target: Target
+    guardrails: list[Guardrail] = Field(description="what must not get worse (may be an empty list, said explicitly)")
+
+    @field_validator("id", "variant")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
+            raise ValueError("use letters, digits, '.', '_' or '-' (it becomes a folder name)")
+        return value
+
+
+# --------------------------------------------------------------------------- data
+class BuiltinSource(Strict):
+    builtin: Literal["tickets"]
+    rows: int = Field(default=400, ge=20, le=20_000)
+    seed: int = 7
+
+
+class PathSource(Strict):
+    path: str = Field(description="a .jsonl, .json, .csv or .parquet file, relative to the card")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet"] = "auto"
+
+
+class HubSource(Strict):
+    hf: str = Field(description="dataset name for datasets.load_dataset")
+    revision: str = Field(description="exact revision (commit hash) of the dataset")
+    config: str | None = None
+    split: str = "train"
+
+
+DataSource = Union[BuiltinSource, PathSource, HubSource]
+
+
+class Fields(Strict):
+    input: str = "text"
+    target: str = "answer"
+    category: str | None = "category"
+    id: str | None = "id"
+
+
+class TargetFormat(Strict):
+    kind: Literal["json", "label", "text"] = Field(
+        description="json: a JSON object with required keys; label: the category name; text: free text"
+    )
+    required_keys: list[str] = Field(default_factory=list)
+    category_key: str | None = Field(default="category", description="JSON key that holds the category")
+
+    @model_validator(mode="after")
+    def _keys(self) -> "TargetFormat":
+        if self.kind == "json" and not self.required_keys:
+            raise ValueError("kind json needs required_keys")
+        return self
+
+
+CleaningRule = Union[
+    Literal["normalise_whitespace", "strip", "drop_empty", "drop_exact_duplicates"],
+    dict[Literal["drop_longer_than_tokens", "drop_longer_than_chars"], int],
+]
+
+
+class Split(Strict):
+    validation: float = Field(default=0.15, gt=0, lt=0.5)
+    test: float = Field(default=0.15, ge=0, lt=0.5)
+    seed: int = 13
+    stratify: str | None = Field(default="category", description="column to stratify by, or null")
+
+
+class Leakage(Strict):
+    near_duplicate_threshold: float = Field(default=0.85, gt=0, le=1)
+    policy: Literal["report", "drop_from_train", "fail"] = "drop_from_train"
+
+
+class Prompt(Strict):
+    chat_template: Literal["model"] = Field(default="model", description="use the tokenizer's own chat template")
+    system: str | None = None
+    instruction: str = Field(default="{input}", description="user message; {input} is replaced by the row's input")
+
+    @field_validator("instruction")
+    @classmethod
+    def _has_input(cls, value: str) -> str:
+        if "{input}" not in value:
+            raise ValueError("the instruction must contain {input}")
+        return value
+
+
+class Data(Strict):
+    source: DataSource
+    fields: Fields = Field(default_factory=Fields)
+    target_format: TargetFormat
+    cleaning: list[CleaningRule] = Field(default_factory=lambda: ["normalise_whitespace", "drop_empty"])
+    split: Split = Field(default_factory=Split)
+    leakage: Leakage = Field(default_factory=Leakage)
+    prompt: Prompt = Field(default_factory=Prompt)
+    max_length: int = Field(default=512, ge=16)
+
+
+# --------------------------------------------------------------------------- model and method
+class Model(Strict):
+    source: str = Field(description="pypi:<pkg>==<ver>#<file.gguf> | hf:<repo>@<revision> | tiny:<name> | a local path")
+    revision: str | None = Field(default=None, description="expected revision; the run fails if the source differs")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    trust_remote_code: bool = False
+
+
+class Full(Strict):
+    kind: Literal["full"]
+
+
+class Lora(Strict):
+    kind: Literal["lora"]
+    r: int = Field(default=16, ge=1)
+    alpha: float = 32
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: Union[Literal["all-linear"], list[str], str] = "all-linear"
+    modules_to_save: list[str] = Field(default_factory=list)
+
+
+class Quantisation(Strict):
+    type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class Qlora(Lora):
+    kind: Literal["qlora"]  # type: ignore[assignment]
+    quantisation: Quantisation = Field(default_factory=Quantisation)
+
+
+Method = Annotated[Union[Full, Lora, Qlora], Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- train, eval, the rest
+class Train(Strict):
+    trainer: Literal["sft"] = "sft"
+    seed: int = 42
+    epochs: float | None = Field(default=1.0, gt=0)
+    max_steps: int | None = Field(default=None, gt=0, description="overrides epochs when set")
+    micro_batch: int = Field(default=8, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    lr: float = Field(default=2e-4, gt=0)
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    gradient_checkpointing: bool = False
+    packing: bool = False
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    logging_steps: int = Field(default=5, ge=1)
+    eval_steps: int | None = Field(default=None, ge=1, description="validation loss every N steps (default: 4 times per run)")
+
+
+class Eval(Strict):
+    split: Literal["validation"] = Field(default="validation", description="the test split opens only with `labkit final`")
+    batch_size: int = Field(default=16, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    decoding: Literal["greedy"] = "greedy"
+    metrics: list[str] = Field(default_factory=list, description="extra metrics; the primary metric and guardrails are always computed")
+
+
+class Distributed(Strict):
+    strategy: Literal["none"] = Field(default="none", description="single process (DDP/FSDP come with accelerate)")
+
+
+class Budget(Strict):
+    max_minutes: float = Field(default=60, gt=0, description="training stops (checkpointed) past this")
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+
+
+class Card(Strict):
+    """A resolved experiment card (after `parent:` inheritance)."""
+
+    experiment: Experiment
+    data: Data
+    model: Model
+    method: Method
+    train: Train = Field(default_factory=Train)
+    eval: Eval = Field(default_factory=Eval)
+    distributed: Distributed = Field(default_factory=Distributed)
+    budget: Budget = Field(default_factory=Budget)
+    notes: str | None = Field(default=None, description="free text kept with the run")
+
+    @model_validator(mode="after")
+    def _metrics_known(self) -> "Card":
+        from labkit.metrics import METRICS
+
+        names = [("experiment.target.primary_metric", self.experiment.target.primary_metric)]
+        names += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(self.experiment.guardrails)]
+        names += [(f"eval.metrics.{i}", m) for i, m in enumerate(self.eval.metrics)]
+        for where, name in names:
+            if name not in METRICS:
+                raise ValueError(f"{where}: unknown metric {name!r} (expected one of {', '.join(METRICS)})")
+            needs = METRICS[name][0]
+            if needs == "json" and self.data.target_format.kind != "json":
+                raise ValueError(f"{where}: {name} needs data.target_format.kind: json")
+            if needs == "category" and (self.data.fields.category is None or self.data.target_format.kind == "text"):
+                raise ValueError(f"{where}: {name} needs data.fields.category and a json or label target")
+        if self.experiment.target.primary_metric == "per_category_f1":
+            raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
+        return self
