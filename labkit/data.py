@@ -1,0 +1,257 @@
+"""Data sources, field mapping, cleaning rules and the seeded, stratified split.
+
+Rows flow as plain dicts {"id", "input", "target", "category"}; the file, line or row that a
+problem comes from is named in a one-line `DataError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.config import Card, PathSource
+
+SPLITS = ("train", "validation", "test")
+
+
+class DataError(ValueError):
+    """Bad input data; the message is one line naming the place and the fix."""
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a string."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def rows_hash(rows: list[dict[str, Any]]) -> str:
+    """Hex sha256 of rows as canonical JSON lines (the version of a prepared split)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- loading
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
+            row["__where__"] = f"{path}:{number}"
+            rows.append(row)
+    return rows
+
+
+def _read_with_datasets(kind: str, **kwargs: Any) -> list[dict[str, Any]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        dataset = datasets.load_dataset(kind, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        where = kwargs.get("data_files") or kind
+        raise DataError(f"{where}: could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    finally:
+        datasets.enable_progress_bars()
+    return [dict(row) for row in dataset]
+
+
+def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Read the card's data source.
+
+    Args:
+        card: the card (data.source; a path source is already absolute).
+    Returns:
+        (raw rows, identity) where identity records what was read and its hash or revision.
+    """
+    source = card.data.source
+    if isinstance(source, PathSource):
+        path = Path(source.path)
+        kind = source.format if source.format != "auto" else path.suffix.lstrip(".").lower()
+        identity = {"kind": "file", "path": str(path), "sha256": _file_sha256(path), "format": kind}
+        if kind == "jsonl":
+            rows = _read_jsonl(path)
+        elif kind == "json":
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rows, list):
+                raise DataError(f"{path}: expected a JSON list of objects (or use .jsonl)")
+        elif kind in {"csv", "parquet"}:
+            rows = _read_with_datasets(kind, data_files=str(path), split="train")
+        else:
+            raise DataError(f"{path}: unknown data format {kind!r} (use .jsonl, .json, .csv or .parquet, or data.source.format)")
+        for number, row in enumerate(rows, 1):
+            row.setdefault("__where__", f"{path}: row {number}")
+        return rows, identity
+    if hasattr(source, "hf"):
+        rows = _read_with_datasets(source.hf, name=source.config, revision=source.revision, split=source.split)
+        for number, row in enumerate(rows, 1):
+            row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
+        return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
+    from labkit.tickets import generate_tickets
+
+    rows, planted = generate_tickets(rows=source.rows, seed=source.seed)
+    for number, row in enumerate(rows, 1):
+        row["__where__"] = f"builtin:tickets row {number}"
+    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
+                  "planted": planted}
+
+
+def _file_sha256(path: Path) -> str:
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Map raw columns to {"id", "input", "target", "category"} following data.fields.
+
+    Raises:
+        DataError: a mapped field is missing or not text, naming the row and the card key.
+    """
+    fields = card.data.fields
+    if not raw:
+        raise DataError("data.source: the source has no rows")
+    out, seen = [], set()
+    for number, row in enumerate(raw):
+        where = row.get("__where__", f"row {number + 1}")
+        mapped: dict[str, Any] = {}
+        for key in ("input", "target", "category"):
+            column = getattr(fields, key)
+            if column is None:
+                mapped[key] = None
+                continue
+            if column not in row:
+                present = ", ".join(k for k in row if k != "__where__")
+                raise DataError(f"{where}: no field {column!r} (data.fields.{key}; the row has: {present})")
+            value = row[column]
+            if key != "category" and not isinstance(value, str):
+                value = json.dumps(value) if isinstance(value, (dict, list)) else value
+            if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):
+                raise DataError(f"{where}: field {column!r} must be text, got {type(value).__name__}")
+            mapped[key] = str(value) if value is not None else value
+        row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
+        if row_id in seen:
+            raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")
+        seen.add(row_id)
+        out.append({"id": row_id, **mapped})
+    return out
+
+
+# --------------------------------------------------------------------------- cleaning
+def _rule_name(rule: Any) -> tuple[str, Any]:
+    if isinstance(rule, str):
+        return rule, None
+    (name, value), = rule.items()
+    return name, value
+
+
+def apply_cleaning(card: Card, rows: list[dict[str, Any]],
+                   token_length: Callable[[dict[str, Any]], int] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Apply the card's cleaning rules in order.
+
+    Args:
+        card: the card (data.cleaning).
+        rows: mapped rows.
+        token_length: row -> tokens of the formatted example (needed by drop_longer_than_tokens).
+    Returns:
+        (kept rows, report) where report lists each rule with the rows it changed or removed.
+    """
+    report = []
+    for rule in card.data.cleaning:
+        name, value = _rule_name(rule)
+        before = len(rows)
+        removed: list[str] = []
+        changed = 0
+        if name in {"normalise_whitespace", "strip"}:
+            new_rows = []
+            for row in rows:
+                text = " ".join(row["input"].split()) if name == "normalise_whitespace" else row["input"].strip()
+                changed += text != row["input"]
+                new_rows.append({**row, "input": text})
+            rows = new_rows
+        elif name == "drop_empty":
+            removed = [r["id"] for r in rows if not r["input"].strip() or not r["target"].strip()]
+        elif name == "drop_longer_than_chars":
+            removed = [r["id"] for r in rows if len(r["input"]) > value]
+        elif name == "drop_longer_than_tokens":
+            if token_length is None:
+                raise DataError("data.cleaning: drop_longer_than_tokens needs the tokenizer")
+            removed = [r["id"] for r in rows if token_length(r) > value]
+        elif name == "drop_exact_duplicates":
+            first: dict[str, str] = {}
+            for r in rows:
+                key = " ".join(r["input"].split()).casefold()
+                if key in first:
+                    removed.append(r["id"])
+                else:
+                    first[key] = r["id"]
+        if removed:
+            gone = set(removed)
+            rows = [r for r in rows if r["id"] not in gone]
+        report.append({"rule": name if value is None else {name: value}, "rows_before": before,
+                       "removed": len(removed), "removed_ids": removed, "changed": changed})
+    if not rows:
+        raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
+    return rows, report
+
+
+# --------------------------------------------------------------------------- split
+def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Seeded split into train/validation/test, stratified by category when the card says so.
+
+    Every stratum is shuffled with its own seeded generator and cut by the card's fractions
+    (rounded, at least one validation row per stratum of 3+ rows), so the split does not depend on
+    the order of the source rows.
+
+    Returns:
+        {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
+    """
+    spec = card.data.split
+    strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    stratify = spec.stratify
+    if stratify and stratify != "category":
+        raise DataError(f"data.split.stratify: {stratify!r}: only 'category' (the mapped category field) or null is supported")
+    for row in rows:
+        strata[str(row.get("category")) if stratify else "all"].append(row)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLITS}
+    for key in sorted(strata):
+        members = sorted(strata[key], key=lambda r: sha256_text(f"{spec.seed}:{r['id']}"))
+        n = len(members)
+        n_val = round(n * spec.validation)
+        n_test = round(n * spec.test)
+        if n >= 3:
+            n_val = max(n_val, 1)
+            n_test = max(n_test, 1) if spec.test > 0 else 0
+        out["validation"] += members[:n_val]
+        out["test"] += members[n_val:n_val + n_test]
+        out["train"] += members[n_val + n_test:]
+    for name in SPLITS:
+        out[name].sort(key=lambda r: r["id"])
+    for name in ("train", "validation"):
+        if not out[name]:
+            raise DataError(f"data.split: the {name} split is empty ({len(rows)} rows after cleaning; use more data or other fractions)")
+    if card.data.fields.category:
+        train_cats = {r["category"] for r in out["train"]}
+        for name in ("validation", "test"):
+            missing = sorted({r["category"] for r in out[name]} - train_cats)
+            if missing:
+                raise DataError(f"data.split: categor{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} "
+                                f"in {name} but not in train (add training rows for it or drop it)")
+    return out

@@ -1,0 +1,133 @@
+"""Prepare a run's data once: load, clean, split, find leakage, write splits and the manifest.
+
+Writes (atomically, so a failure leaves nothing half-written):
+  data/train.jsonl data/validation.jsonl data/test.jsonl   the prepared splits
+  preprocessing/leakage.json                              duplicate pairs within/across splits
+  data_manifest.json                                      hashes, rules, counts: the data version
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from labkit import data as D
+from labkit import leakage
+from labkit.config import Card
+from labkit.prompting import encode_example
+from labkit.runs import Run, read_json, write_atomic, write_json
+
+
+class LeakageError(D.DataError):
+    """Train/eval duplicates found under the card's `fail` policy."""
+
+
+def _tokenizer_identity(tokenizer: Any, revision: str) -> dict[str, Any]:
+    template = tokenizer.chat_template or ""
+    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "model_revision": revision,
+            "class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+            "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token,
+            "chat_template_sha256": D.sha256_text(template)}
+
+
+def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
+    spec = card.data.leakage
+    pairs = leakage.find_duplicates({name: [(r["id"], r["input"]) for r in rows] for name, rows in splits.items()},
+                                    threshold=spec.near_duplicate_threshold)
+    cross = [p for p in pairs if p["a_split"] != p["b_split"]]
+    dropped: list[str] = []
+    if cross and spec.policy == "fail":
+        first = cross[0]
+        raise LeakageError(f"data.leakage: {len(cross)} train/eval duplicate pair(s), e.g. {first['a_split']}:{first['a_id']} ~ "
+                           f"{first['b_split']}:{first['b_id']} ({first['similarity']}); policy is fail "
+                           "(fix the data or set data.leakage.policy: drop_from_train)")
+    if spec.policy == "drop_from_train":
+        for p in cross:
+            for side in ("a", "b"):
+                if p[f"{side}_split"] == "train":
+                    dropped.append(p[f"{side}_id"])
+        gone = set(dropped)
+        splits["train"] = [r for r in splits["train"] if r["id"] not in gone]
+        if not splits["train"]:
+            raise D.DataError("data.leakage: every training row duplicates an evaluation row (nothing left to train on)")
+    report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
+              "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
+              "dropped_from_train": sorted(set(dropped))}
+    return report, pairs
+
+
+def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
+    """Prepare the run's data (or return the existing manifest when it is already prepared).
+
+    Args:
+        card: the card.
+        run: the run folder.
+        tokenizer: the model's tokenizer (token-length rules, tokenised hash).
+        model_revision: the base model's revision (recorded with the tokenizer identity).
+    Returns:
+        the data manifest.
+    """
+    manifest_path = run.dir / "data_manifest.json"
+    if manifest_path.exists():
+        return read_json(manifest_path)
+    raw, identity = D.load_source(card)
+    rows = D.map_fields(card, raw)
+    lengths: dict[str, int] = {}
+
+    def token_length(row: dict[str, Any]) -> int:
+        if row["id"] not in lengths:
+            lengths[row["id"]] = encode_example(tokenizer, card, row["input"], row["target"]).full_len
+        return lengths[row["id"]]
+
+    rows, cleaning = D.apply_cleaning(card, rows, token_length)
+    splits = D.split_rows(card, rows)
+    leak_report, _ = _apply_leakage(card, splits)
+    tokenised = D.rows_hash([{"ids": encode_example(tokenizer, card, r["input"], r["target"]).input_ids}
+                             for r in splits["train"]])
+    split_hashes = {name: D.rows_hash(rows_) for name, rows_ in splits.items()}
+    version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised_train": tokenised}, sort_keys=True))[:12]
+    planted = identity.pop("planted", None)
+    manifest = {
+        "data_version": version,
+        "source": identity,
+        "fields": card.data.fields.model_dump(),
+        "rows_loaded": len(raw),
+        "cleaning": [{k: v for k, v in step.items() if k != "removed_ids"} | {"removed_ids": step["removed_ids"][:50]}
+                     for step in cleaning],
+        "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
+                  "sha256": split_hashes},
+        "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
+        "tokenizer": _tokenizer_identity(tokenizer, model_revision),
+        "tokenised_train_sha256": tokenised,
+        "max_length": card.data.max_length,
+    }
+    for name, rows_ in splits.items():
+        write_atomic(run.dir / "data" / f"{name}.jsonl",
+                     "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows_))
+    stage = run.stage_dir("preprocessing")
+    write_json(stage / "leakage.json", leak_report)
+    write_json(stage / "cleaning.json", cleaning)
+    if planted is not None:
+        write_json(stage / "planted.json", planted)
+    write_json(manifest_path, manifest)  # last: its presence means the data is complete
+    return manifest
+
+
+def load_split(run: Run, name: str) -> list[dict[str, Any]]:
+    """Read a prepared split. The test split is locked: only `labkit final` opens it.
+
+    Args:
+        run: the run.
+        name: "train" or "validation".
+    Returns:
+        the rows.
+    """
+    if name == "test":
+        raise PermissionError("the test split is locked until the final decision (labkit final RUN opens it once)")
+    if name not in D.SPLITS:
+        raise ValueError(f"unknown split {name!r} (expected train or validation)")
+    path = Path(run.dir) / "data" / f"{name}.jsonl"
+    if not (run.dir / "data_manifest.json").exists():
+        raise FileNotFoundError(f"{run.dir}: data not prepared yet (run stage 01_baseline first)")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
