@@ -1,0 +1,100 @@
+"""Stage 02's view of the data after the full preprocessing: lengths, checks, samples, planted problems."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from labkit.config import Card
+from labkit.prompting import Encoded, check_encoded, encode_rows
+
+
+class PreprocessingCheckFailed(RuntimeError):
+    """A preprocessing check failed; the message names the check and the offending row ids."""
+
+
+def category_counts(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """Rows per category in each split."""
+    return {name: dict(sorted(Counter(str(r.get("category")) for r in rows).items())) for name, rows in splits.items()}
+
+
+def length_stats(card: Card, encoded: dict[str, list[Encoded]]) -> dict[str, Any]:
+    """Token lengths per split: quantiles, truncation rate, share of rows whose completion was cut."""
+    out: dict[str, Any] = {}
+    for split, encs in encoded.items():
+        lengths = sorted(e.full_len for e in encs)
+        if not lengths:
+            continue
+        cut = [e for e in encs if e.truncated and e.full_len - card.data.max_length > 0]
+        out[split] = {
+            "rows": len(lengths), "min": lengths[0], "p50": lengths[len(lengths) // 2],
+            "p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))], "max": lengths[-1],
+            "truncated_rate": sum(e.truncated for e in encs) / len(encs),
+            "completion_cut_rate": sum(e.prompt_len < card.data.max_length for e in cut) / len(encs),
+            "prompt_only_rate": sum(e.prompt_len >= card.data.max_length for e in encs) / len(encs),
+        }
+    return out
+
+
+def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
+    """Encode every split as training does and run the template/mask checks on each.
+
+    Returns:
+        (encodings per split, check rows with split, check, ok, failed_ids, explanation).
+    """
+    encoded = {name: encode_rows(tokenizer, card, rows) for name, rows in splits.items()}
+    checks = []
+    for name, rows in splits.items():
+        for check in check_encoded(tokenizer, rows, encoded[name]):
+            checks.append({"split": name, **check, "failed": len(check["failed_ids"]),
+                           "failed_ids": check["failed_ids"][:20]})
+    return encoded, checks
+
+
+def raise_on_failed(checks: list[dict[str, Any]]) -> None:
+    """Stop the stage when a check failed, naming the check and the offending rows."""
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        lines = [f"{c['split']}: {c['check']} — {c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: {c['explanation']}"
+                 for c in failed]
+        raise PreprocessingCheckFailed(" | ".join(lines))
+
+
+def pick_samples(splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Encoded]],
+                 per_category: int = 2) -> list[tuple[str, Encoded]]:
+    """Representative training samples: `per_category` of each category, plus the longest and shortest.
+
+    Returns:
+        [(title, encoding)] in display order.
+    """
+    rows, encs = splits["train"], encoded["train"]
+    by_cat: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_cat.setdefault(str(row.get("category")), []).append(i)
+    chosen: list[tuple[str, int]] = []
+    for cat in sorted(by_cat):
+        for i in by_cat[cat][:per_category]:
+            chosen.append((f"{rows[i]['id']} · category {cat}", i))
+    order = sorted(range(len(rows)), key=lambda i: encs[i].full_len)
+    chosen.append((f"{rows[order[-1]]['id']} · longest ({encs[order[-1]].full_len} tokens)", order[-1]))
+    chosen.append((f"{rows[order[0]]['id']} · shortest ({encs[order[0]].full_len} tokens)", order[0]))
+    return [(title, encs[i]) for title, i in chosen]
+
+
+def planted_vs_found(planted: dict[str, Any], leakage_report: dict[str, Any], cleaning: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compare the built-in generator's planted problems with what preparation found.
+
+    Returns:
+        {"duplicates": {"planted", "found", "missed", "unexpected"}, "empty": {...}, "overlong": {...}, "ok": bool}.
+    """
+    want = {frozenset(p) for p in planted["exact_duplicates"] + planted["near_duplicates"]}
+    got = {frozenset((p["a_id"], p["b_id"])) for p in leakage_report["pairs"]}
+    removed = {rid for step in cleaning for rid in step["removed_ids"]}
+    gone = {p for p in want if p & removed}  # a cleaning rule removed one side before the search
+    dup = {"planted": len(want), "found": len(got & want), "removed_by_cleaning": len(gone),
+           "missed": sorted("~".join(sorted(p)) for p in want - got - gone),
+           "unexpected": sorted("~".join(sorted(p)) for p in got - want)}
+    empty = {"planted": planted["empty"], "removed": sorted(set(planted["empty"]) & removed)}
+    overlong = {"planted": planted["overlong"], "removed": sorted(set(planted["overlong"]) & removed)}
+    ok = not dup["missed"] and not dup["unexpected"] and empty["planted"] == empty["removed"] and overlong["planted"] == overlong["removed"]
+    return {"duplicates": dup, "empty": empty, "overlong": overlong, "ok": ok}

@@ -1,0 +1,156 @@
+"""Training through TRL's SFTTrainer on labkit's own tokenisation (loss on the completion only).
+
+The dataset handed to TRL is already tokenised by `labkit.prompting` (input_ids + labels), so the
+tokens inspected in stage 02 are exactly the tokens trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from labkit.config import Card
+from labkit.prompting import encode_rows
+
+
+def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
+    """A datasets.Dataset of input_ids and labels for TRL (pre-tokenised)."""
+    import datasets
+
+    encoded = encode_rows(tokenizer, card, rows)
+    return datasets.Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in encoded])
+
+
+def _precision(card: Card, device: str) -> dict[str, bool]:
+    import torch
+
+    wanted = card.train.precision
+    if wanted == "auto":
+        wanted = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if wanted != "fp32" and device != "cuda":
+        raise ValueError(f"train.precision: {wanted} needs a CUDA GPU (this machine trains on {device}); use fp32 or auto")
+    return {"bf16": wanted == "bf16", "fp16": wanted == "fp16"}
+
+
+class BudgetCallback:
+    """Stops training (cleanly, after the current step) when the card's time budget is spent."""
+
+    def __init__(self, max_minutes: float) -> None:
+        self.max_seconds = max_minutes * 60
+        self.start = time.monotonic()
+        self.exhausted = False
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class _Budget(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                if time.monotonic() - outer.start > outer.max_seconds:
+                    outer.exhausted = True
+                    control.should_training_stop = True
+                return control
+
+        return _Budget()
+
+
+def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[str, Any]], output_dir: Path,
+                  eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu",
+                  **overrides: Any) -> Any:
+    """Build the SFTTrainer that stage 04 trains with (stage 03 uses it for its update check).
+
+    Args:
+        card: the card (train section).
+        model: the model after `labkit.method.apply_method`.
+        tokenizer: the tokenizer.
+        train_rows: prepared training rows.
+        output_dir: where the trainer writes.
+        eval_rows: validation rows for the evaluation loss during training (optional).
+        device: the device the model is on.
+        overrides: SFTConfig fields to override (e.g. max_steps=2 for the update check).
+    Returns:
+        a trl.SFTTrainer.
+    """
+    from trl import SFTConfig, SFTTrainer
+
+    t = card.train
+    steps = {"max_steps": t.max_steps} if t.max_steps else {"num_train_epochs": t.epochs, "max_steps": -1}
+    eval_kwargs: dict[str, Any] = {"eval_strategy": "no"}
+    if eval_rows:
+        total = t.max_steps or math.ceil(math.ceil(len(train_rows) / t.micro_batch) / t.grad_accum * t.epochs)
+        eval_kwargs = {"eval_strategy": "steps", "eval_steps": t.eval_steps or max(1, total // 4),
+                       "per_device_eval_batch_size": card.eval.batch_size}
+    config = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
+        learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=t.packing,
+        padding_free=t.packing, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
+        logging_steps=t.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
+        use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
+        **steps, **eval_kwargs, **_precision(card, device))
+    config.update(overrides)
+    if t.gradient_checkpointing:
+        config["activation_checkpointing_kwargs"] = {"use_reentrant": False}
+    callbacks = []
+    budget = BudgetCallback(card.budget.max_minutes)
+    callbacks.append(budget.callback())
+    model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
+    trainer = SFTTrainer(
+        model=model, args=SFTConfig(**config), train_dataset=to_dataset(tokenizer, card, train_rows),
+        eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
+        callbacks=callbacks)
+    trainer.labkit_budget = budget
+    return trainer
+
+
+def loss_history(trainer: Any) -> list[dict[str, Any]]:
+    """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss", "learning_rate", …}."""
+    keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime")
+    rows = []
+    for entry in trainer.state.log_history:
+        row = {k: entry[k] for k in keep if k in entry}
+        row.setdefault("step", trainer.state.global_step)
+        rows.append(row)
+    return rows
+
+
+def update_check(trainer: Any, steps: int = 2) -> dict[str, Any]:
+    """Run real optimiser steps and report, for every tensor, whether it changed.
+
+    Two steps, because LoRA's B starts at zero: on the first step A gets no gradient, so only B
+    moves; from the second step both move. Pass only when the changed set equals the trainable
+    set and every frozen tensor is bit-for-bit unchanged.
+
+    Args:
+        trainer: a trainer from `build_trainer` built with max_steps=steps and a constant lr.
+        steps: optimiser steps to run.
+    Returns:
+        {"ok", "steps", "changed", "unchanged_trainable", "changed_frozen", "tensors": [...], "seconds"}.
+    """
+    import torch
+
+    model = trainer.model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    tensors = []
+    for name, param in model.named_parameters():
+        after = param.detach()
+        changed = not torch.equal(before[name], after)
+        delta = (after.float() - before[name].float()).norm().item() if changed and after.dtype.is_floating_point else 0.0
+        tensors.append({"name": name, "trainable": name in trainable, "changed": changed, "delta_norm": delta,
+                        "shape": list(after.shape), "dtype": str(after.dtype).replace("torch.", "")})
+    unchanged_trainable = [t["name"] for t in tensors if t["trainable"] and not t["changed"]]
+    changed_frozen = [t["name"] for t in tensors if not t["trainable"] and t["changed"]]
+    return {
+        "ok": bool(trainable) and not unchanged_trainable and not changed_frozen,
+        "steps": trainer.state.global_step, "trainable": len(trainable),
+        "changed": sum(t["changed"] for t in tensors), "unchanged_trainable": unchanged_trainable,
+        "changed_frozen": changed_frozen, "tensors": tensors, "seconds": seconds,
+        "seconds_per_step": seconds / max(trainer.state.global_step, 1),
+    }
