@@ -1,0 +1,154 @@
+"""Execute the stage notebooks of a run with papermill, archive them, keep the registry current."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit import runs as R
+from labkit.cards import LoadedCard, load_card
+from labkit.envinfo import capture
+
+
+class StageFailed(RuntimeError):
+    """A stage notebook raised; the run is marked failed and the executed notebook kept."""
+
+
+def notebooks_dir(explicit: str | Path | None = None) -> Path:
+    """Where the stage notebooks are: explicit, else <project root>/notebooks, else next to the labkit package."""
+    candidates = [Path(explicit)] if explicit else []
+    candidates += [R.project_root() / "notebooks", Path(__file__).resolve().parent.parent / "notebooks"]
+    for folder in candidates:
+        if (folder / R.NOTEBOOKS[R.STAGES[0]]).exists():
+            return folder.resolve()
+    raise FileNotFoundError("the stage notebooks were not found (run from the labkit checkout or pass --notebooks DIR)")
+
+
+def _kernel_env() -> dict[str, str]:
+    """Environment for the notebook kernels: quieter progress bars in archived notebooks."""
+    env = {"TQDM_MININTERVAL": "15", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {"LABKIT_BATCH": "1", **{k: v for k, v in env.items() if k not in os.environ}}
+
+
+def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
+    """Execute one stage notebook of a run with papermill.
+
+    Args:
+        run: the run (its card.yaml is what the notebook loads).
+        stage: the stage name.
+        nb_dir: folder of the template notebooks.
+    Returns:
+        the stage's wall time in seconds.
+    Raises:
+        StageFailed: the notebook raised (its executed copy is kept up to the failing cell).
+    """
+    import papermill as pm
+
+    source = nb_dir / R.NOTEBOOKS[stage]
+    target = run.dir / "notebooks" / R.NOTEBOOKS[stage]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    os.environ.update(_kernel_env())
+    try:
+        pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},
+                            kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
+                            # the kernel's own log lines (transport warnings) would drown the progress lines;
+                            # everything the notebook prints or raises is kept in the executed notebook
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    except pm.PapermillExecutionError as exc:
+        seconds = time.monotonic() - start
+        error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
+        R.record(run, "stage_failed", stage=stage, error=error, cell=exc.exec_count, seconds=round(seconds, 1))
+        raise StageFailed(f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
+    return time.monotonic() - start
+
+
+def _summary(run: R.Run) -> dict[str, Any]:
+    path = run.dir / "comparison" / "verdict.json"
+    if not path.exists():
+        return {}
+    verdict = R.read_json(path)
+    primary = verdict["primary"]
+    return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": round(primary["baseline"], 4),
+                                                                   "tuned": round(primary["tuned"], 4)}}
+
+
+def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
+             log: Callable[[str], None] = print) -> R.Run:
+    """Run the stages of one card in a new run folder.
+
+    Args:
+        loaded: the validated card.
+        root: the runs root.
+        nb_dir: the template notebooks.
+        stages: which stages, in order.
+        log: where progress lines go.
+    Returns:
+        the completed Run.
+    Raises:
+        StageFailed: a stage failed (the run is recorded as failed).
+        KeyboardInterrupt: interrupted (the run is recorded as interrupted).
+    """
+    run = R.new_run(loaded, root, mode="batch")
+    R.write_json(run.dir / "env.json", capture())
+    log(f"run {run.experiment}/{run.run_id}")
+    total = time.monotonic()
+    timings: dict[str, float] = {}
+    stage = stages[0]
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def _term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        for i, stage in enumerate(stages, 1):
+            log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
+            seconds = execute_stage(run, stage, nb_dir)
+            timings[stage] = round(seconds, 1)
+            log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
+    except StageFailed as exc:
+        R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
+        raise
+    except KeyboardInterrupt:
+        R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kernel died, papermill broke…: still recorded
+        R.record(run, "failed", status="failed", stage=stage, error=f"{type(exc).__name__}: {exc}"[:500], timings=timings)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    summary = _summary(run)
+    R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
+             summary=summary)
+    log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
+    return run
+
+
+def load_all(paths: list[str]) -> list[LoadedCard]:
+    """Validate every card before any run starts (a bad card creates no run folder)."""
+    return [load_card(p) for p in paths]
+
+
+def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path) -> R.Run:
+    """Run one stage of a card, into an existing run folder or a new one.
+
+    Returns:
+        the Run.
+    """
+    if run_dir:
+        run = R.Run(Path(run_dir).resolve())
+        if not run.status_path.exists():
+            raise FileNotFoundError(f"{run_dir}: not a run folder (no status.json)")
+        if run.status().get("card_hash") != loaded.hash:
+            raise ValueError(f"{run_dir} was made from another card (hash {run.status().get('card_hash')} ≠ {loaded.hash})")
+    else:
+        run = R.new_run(loaded, root, mode="batch")
+        R.write_json(run.dir / "env.json", capture())
+    seconds = execute_stage(run, stage, nb_dir)
+    print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir}", file=sys.stderr)
+    return run
