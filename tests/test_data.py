@@ -126,3 +126,13 @@ def test_rows_hash_changes_with_content() -> None:
     a = [{"id": "1", "input": "x"}]
     assert D.rows_hash(a) == D.rows_hash([dict(a[0])])
     assert D.rows_hash(a) != D.rows_hash([{"id": "1", "input": "y"}])
+
+
+def test_parquet_source(tmp_path: Path) -> None:
+    import pandas as pd
+
+    path = tmp_path / "d.parquet"
+    pd.DataFrame([_row(1), _row(2, "shipping")]).to_parquet(path)
+    card = _card(tmp_path, source={"path": str(path)})
+    rows = D.map_fields(card, D.load_source(card)[0])
+    assert [r["id"] for r in rows] == ["r1", "r2"] and rows[1]["category"] == "shipping"

@@ -127,3 +127,36 @@ def test_failing_stage_is_recorded(tmp_path: Path) -> None:
     events = [json.loads(line) for line in (runs / "registry.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events] == ["started", "stage_started", "stage_failed", "failed"]
     assert events[-1]["stage"] == "baseline"
+
+
+def test_stage_command_reruns_one_stage(smoke_run) -> None:
+    run, _ = smoke_run
+    before = (run / "preprocessing" / "summary.json").stat().st_mtime
+    proc = labkit("stage", "preprocessing", str(run / "card.yaml"), "--run", str(run), runs=run.parent.parent)
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "preprocessing" / "summary.json").stat().st_mtime > before
+
+
+def test_notebooks_run_interactively_top_to_bottom(tmp_path: Path) -> None:
+    """As in JupyterLab: the committed notebooks, run in order from notebooks/, run_dir left empty."""
+    from nbclient import NotebookClient
+
+    runs = tmp_path / "runs"
+    env_before = dict(os.environ)
+    os.environ["LABKIT_RUNS"] = str(runs)
+    try:
+        for name in ("01_baseline", "02_preprocessing", "03_parameter_check", "04_training", "05_comparison"):
+            book = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+            params = next(c for c in book.cells if "parameters" in c.metadata.get("tags", []))
+            assert 'card = "../params/quickstart.yaml"' in params.source and 'run_dir = ""' in params.source
+            params.source = params.source.replace("../params/quickstart.yaml", "../params/smoke.yaml")
+            NotebookClient(book, timeout=600, kernel_name="python3",
+                           resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+    (run,) = list((runs / "smoke").glob("tiny-lora-*"))
+    status = json.loads((run / "status.json").read_text())
+    assert status["mode"] == "interactive" and status["status"] == "completed"
+    assert set(status["stages"]) == {"baseline", "preprocessing", "parameter_check", "training", "comparison"}
+    assert (run / "comparison" / "verdict.json").is_file()

@@ -1,0 +1,46 @@
+"""Methods on the tiny model: what is trainable, seeded adapter init, and a target list that matches nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from labkit.cards import load_card
+from labkit.loading import load_model
+from labkit.method import MethodError, apply_method, matched_modules, parameter_table
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def card():
+    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+
+
+def test_lora_all_linear_and_seeded_init(card, tiny_model) -> None:
+    a = apply_method(load_model(tiny_model, card, "cpu"), card)
+    b = apply_method(load_model(tiny_model, card, "cpu"), card)
+    lora_a = {n: p for n, p in a.named_parameters() if "lora_A" in n}
+    assert lora_a and all(torch.equal(p, dict(b.named_parameters())[n]) for n, p in lora_a.items())
+    table = {r["kind"]: r for r in parameter_table(a)}
+    assert table["total"]["trainable"] == sum(p.numel() for p in a.parameters() if p.requires_grad)
+    assert all(r["trainable"] == 0 for k, r in table.items() if "lora_" not in k and k != "total")
+    adapted = {r["module"]: r for r in matched_modules(a)}
+    assert adapted["self_attn.q_proj"]["adapted"] == adapted["self_attn.q_proj"]["layers"] == 2
+    assert adapted["lm_head"]["adapted"] == 0
+
+
+def test_target_modules_that_match_nothing(card, tiny_model) -> None:
+    card.method.target_modules = ["qkv_proj"]
+    with pytest.raises(MethodError, match=r"method.target_modules .*q_proj"):
+        apply_method(load_model(tiny_model, card, "cpu"), card)
+
+
+def test_full_method_trains_everything(card, tiny_model) -> None:
+    from labkit.config import Full
+
+    card.method = Full(kind="full")
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    assert all(p.requires_grad for p in model.parameters())
