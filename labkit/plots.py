@@ -50,10 +50,10 @@ def category_bars(per_category: dict[str, dict[str, dict[str, float]]], metric: 
         values = [per_category[label].get(c, {}).get(metric, 0.0) for c in cats]
         ax.bar([x + i * width for x in range(len(cats))], values, width, label=label)
     ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))], cats, rotation=20)
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.22)  # room above the bars for the legend
     ax.set_ylabel(metric)
     ax.set_title(f"{metric} per category")
-    ax.legend()
+    ax.legend(loc="upper left", ncol=len(labels))
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
