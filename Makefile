@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 CARD   ?= params/quickstart.yaml
 
-.PHONY: run test test-slow lab venv clean-runs
+.PHONY: run test test-slow bench lab venv clean-runs
 
 # Reinstalled only when requirements.txt or pyproject.toml is newer than the stamp (or .venv is missing):
 # a second call installs nothing.
@@ -28,6 +28,9 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
+
+bench: $(STAMP)
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script 2>/dev/null || exit 1; done
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -139,20 +139,22 @@ def _expected(err: dict[str, Any]) -> str:
     return err.get("msg", "invalid value")
 
 
-_UNION_TAGS = {"BuiltinSource", "PathSource", "HubSource", "full", "lora", "qlora", "str", "list[str]", "int",
+_UNION_TAGS = {"BuiltinSource", "PathSource", "HubSource", "RegexRule", "full", "lora", "qlora", "str", "list[str]", "int",
                "float", "bool", "constrained-str"}
 
 
 def _is_tag(part: Any) -> bool:
-    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith(("function-", "literal[", "dict[")))
+    return isinstance(part, str) and (part in _UNION_TAGS or part == "[key]"
+                                      or part.startswith(("function-", "literal[", "dict[")))
 
 
 def _format_error(exc: ValidationError, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> str:
     errors = exc.errors()
     # A union reports one error per member: group by the path before the first union tag.
     groups = {tuple(p for p in e["loc"][: next((i for i, p in enumerate(e["loc"]) if _is_tag(p)), None)]) for e in errors}
-    # keep the most specific path.
-    err = max(errors, key=lambda e: len([p for p in e["loc"] if not _is_tag(p)]))
+    # keep the most specific path; a mapping member whose key did not match is the least informative.
+    candidates = [e for e in errors if "[key]" not in e["loc"]] or errors
+    err = max(candidates, key=lambda e: len([p for p in e["loc"] if not _is_tag(p)]))
     loc = tuple(p for p in err["loc"] if not _is_tag(p))
     key = ".".join(str(p) for p in loc) or "<card>"
     where = str(chain[0][0])

@@ -7,7 +7,7 @@ required keys are errors; `labkit.cards` turns them into one line naming the fil
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -96,9 +96,25 @@ class TargetFormat(Strict):
         return self
 
 
+class RegexRule(Strict):
+    field: Literal["input", "target"] = "input"
+    pattern: str = Field(description="a Python regular expression, searched anywhere in the field")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc})") from None
+        return value
+
+
 CleaningRule = Union[
     Literal["normalise_whitespace", "strip", "drop_empty", "drop_exact_duplicates"],
     dict[Literal["drop_longer_than_tokens", "drop_longer_than_chars"], int],
+    dict[Literal["drop_matching", "keep_matching"], RegexRule],
+    dict[Literal["drop_target_failing_schema"], dict[str, Any]],
 ]
 
 
@@ -107,11 +123,15 @@ class Split(Strict):
     test: float = Field(default=0.15, ge=0, lt=0.5)
     seed: int = 13
     stratify: str | None = Field(default="category", description="column to stratify by, or null")
+    field: str | None = Field(default=None, description="a column that already says train/validation/test (fractions are then ignored)")
 
 
 class Leakage(Strict):
     near_duplicate_threshold: float = Field(default=0.85, gt=0, le=1)
-    policy: Literal["report", "drop_from_train", "fail"] = "drop_from_train"
+    policy: Literal["report", "drop_from_train", "fail"] = Field(
+        default="drop_from_train", description="what to do with pairs across splits")
+    within_split: Literal["report", "drop"] = Field(
+        default="report", description="duplicates inside one split: report them, or keep the first (by id) only")
 
 
 class Prompt(Strict):
@@ -136,6 +156,20 @@ class Data(Strict):
     leakage: Leakage = Field(default_factory=Leakage)
     prompt: Prompt = Field(default_factory=Prompt)
     max_length: int = Field(default=512, ge=16)
+
+    @field_validator("cleaning")
+    @classmethod
+    def _schemas(cls, rules: list[Any]) -> list[Any]:
+        import jsonschema
+
+        for rule in rules:
+            if isinstance(rule, dict) and "drop_target_failing_schema" in rule:
+                try:
+                    jsonschema.validators.validator_for(rule["drop_target_failing_schema"]).check_schema(
+                        rule["drop_target_failing_schema"])
+                except jsonschema.SchemaError as exc:
+                    raise ValueError(f"drop_target_failing_schema is not a valid JSON Schema ({exc.message})") from None
+        return rules
 
 
 # --------------------------------------------------------------------------- model and method

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
@@ -146,6 +147,13 @@ def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):
                 raise DataError(f"{where}: field {column!r} must be text, got {type(value).__name__}")
             mapped[key] = str(value) if value is not None else value
+        split_field = card.data.split.field
+        if split_field:
+            value = str(row.get(split_field, "")).strip().lower()
+            if value not in SPLITS:
+                raise DataError(f"{where}: field {split_field!r} (data.split.field) is {row.get(split_field)!r}; "
+                                f"expected one of {', '.join(SPLITS)}")
+            mapped["split"] = value
         row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
         if row_id in seen:
             raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")
@@ -194,6 +202,12 @@ def apply_cleaning(card: Card, rows: list[dict[str, Any]],
             if token_length is None:
                 raise DataError("data.cleaning: drop_longer_than_tokens needs the tokenizer")
             removed = [r["id"] for r in rows if token_length(r) > value]
+        elif name in {"drop_matching", "keep_matching"}:
+            pattern = re.compile(value.pattern)
+            keep = name == "keep_matching"
+            removed = [r["id"] for r in rows if bool(pattern.search(r[value.field] or "")) != keep]
+        elif name == "drop_target_failing_schema":
+            removed = [r["id"] for r in rows if not _target_follows(r["target"], value)]
         elif name == "drop_exact_duplicates":
             first: dict[str, str] = {}
             for r in rows:
@@ -205,25 +219,47 @@ def apply_cleaning(card: Card, rows: list[dict[str, Any]],
         if removed:
             gone = set(removed)
             rows = [r for r in rows if r["id"] not in gone]
-        report.append({"rule": name if value is None else {name: value}, "rows_before": before,
+        shown = value.model_dump() if hasattr(value, "model_dump") else value
+        report.append({"rule": name if value is None else {name: shown}, "rows_before": before,
                        "removed": len(removed), "removed_ids": removed, "changed": changed})
     if not rows:
         raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
+    for row in rows:
+        for key in ("input", "target"):
+            if not row[key].strip():
+                raise DataError(f"row id {row['id']!r}: the {key} is empty or whitespace only after cleaning "
+                                "(add drop_empty to data.cleaning, or fix the row)")
     return rows, report
+
+
+def _target_follows(target: str, schema: dict[str, Any]) -> bool:
+    """Whether a target parses as JSON and validates against a JSON Schema."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(target), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------- split
 def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Seeded split into train/validation/test, stratified by category when the card says so.
 
-    Every stratum is shuffled with its own seeded generator and cut by the card's fractions
+    Every stratum is ordered by a seeded hash of the row ids and cut by the card's fractions
     (rounded, at least one validation row per stratum of 3+ rows), so the split does not depend on
-    the order of the source rows.
+    the order of the source rows. With `data.split.field` the data's own split column is used.
 
     Returns:
         {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
     """
     spec = card.data.split
+    if spec.field:
+        given: dict[str, list[dict[str, Any]]] = {
+            name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
+                         key=lambda r: r["id"]) for name in SPLITS}
+        return _check_splits(card, given, len(rows))
     strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
     stratify = spec.stratify
     if stratify and stratify != "category":
@@ -244,9 +280,13 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
         out["train"] += members[n_val + n_test:]
     for name in SPLITS:
         out[name].sort(key=lambda r: r["id"])
+    return _check_splits(card, out, len(rows))
+
+
+def _check_splits(card: Card, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:
     for name in ("train", "validation"):
         if not out[name]:
-            raise DataError(f"data.split: the {name} split is empty ({len(rows)} rows after cleaning; use more data or other fractions)")
+            raise DataError(f"data.split: the {name} split is empty ({total} rows after cleaning; use more data or other fractions)")
     if card.data.fields.category:
         train_cats = {r["category"] for r in out["train"]}
         for name in ("validation", "test"):

@@ -51,12 +51,56 @@ def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]
     return encoded, checks
 
 
+def _eos_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    return set(value) if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, Any]]:
+    """Checks that the tokenizer and chat template fit the model they are used with.
+
+    Args:
+        resolved: the resolved model source (its config is read, not its weights).
+        tokenizer: the tokenizer used for training and evaluation.
+        card: the card (prompt).
+    Returns:
+        check rows like `run_checks` (split "model", no row ids).
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    kwargs = {"trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
+    config = AutoConfig.from_pretrained(resolved.location, **kwargs)
+    try:
+        generation = GenerationConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
+    except OSError:
+        generation = None
+    declared = _eos_ids(getattr(config, "eos_token_id", None)) | _eos_ids(getattr(generation, "eos_token_id", None))
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}]
+    rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+    tail = rendered.split("ANSWER", 1)[-1]
+    rows = [
+        ("the tokenizer's EOS is an end token the model declares", not declared or tokenizer.eos_token_id in declared,
+         f"tokenizer EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) vs the model's {sorted(declared)}: "
+         "generation would not stop where training taught it to"),
+        ("every token id has an embedding row", vocab is None or len(tokenizer) <= vocab,
+         f"{len(tokenizer)} tokenizer entries vs {vocab} embedding rows: a tokenizer of another model?"),
+        ("the chat template closes the answer with the EOS token", tokenizer.eos_token in tail,
+         f"after the answer the template writes {tail!r}, not the EOS {tokenizer.eos_token!r}: the model learns to "
+         "stop with a token that generation does not stop on"),
+    ]
+    return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],
+             "explanation": why} for check, ok, why in rows]
+
+
 def raise_on_failed(checks: list[dict[str, Any]]) -> None:
     """Stop the stage when a check failed, naming the check and the offending rows."""
     failed = [c for c in checks if not c["ok"]]
     if failed:
-        lines = [f"{c['split']}: {c['check']} — {c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: {c['explanation']}"
-                 for c in failed]
+        lines = [f"{c['split']}: {c['check']} — "
+                 + (f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: " if c["failed_ids"] else "")
+                 + c["explanation"] for c in failed]
         raise PreprocessingCheckFailed(" | ".join(lines))
 
 

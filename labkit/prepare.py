@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import labkit
 from labkit import data as D
 from labkit import leakage
 from labkit.config import Card
-from labkit.prompting import encode_example
+from labkit.prompting import encode_example, encode_rows
 from labkit.runs import Run, read_json, write_atomic, write_json
 
 
@@ -37,6 +38,14 @@ def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple
                                     threshold=spec.near_duplicate_threshold)
     cross = [p for p in pairs if p["a_split"] != p["b_split"]]
     dropped: list[str] = []
+    within_dropped: list[str] = []
+    if spec.within_split == "drop":  # keep the first of each pair (by id), drop the other
+        for p in pairs:
+            if p["a_split"] == p["b_split"]:
+                within_dropped.append(max(p["a_id"], p["b_id"]))
+        gone_within = set(within_dropped)
+        for name in splits:
+            splits[name] = [r for r in splits[name] if r["id"] not in gone_within]
     if cross and spec.policy == "fail":
         first = cross[0]
         raise LeakageError(f"data.leakage: {len(cross)} train/eval duplicate pair(s), e.g. {first['a_split']}:{first['a_id']} ~ "
@@ -53,7 +62,7 @@ def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple
             raise D.DataError("data.leakage: every training row duplicates an evaluation row (nothing left to train on)")
     report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
               "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
-              "dropped_from_train": sorted(set(dropped))}
+              "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped))}
     return report, pairs
 
 
@@ -83,10 +92,10 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
     rows, cleaning = D.apply_cleaning(card, rows, token_length)
     splits = D.split_rows(card, rows)
     leak_report, _ = _apply_leakage(card, splits)
-    tokenised = D.rows_hash([{"ids": encode_example(tokenizer, card, r["input"], r["target"]).input_ids}
-                             for r in splits["train"]])
+    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows_)])
+                 for name, rows_ in splits.items() if name != "test"}
     split_hashes = {name: D.rows_hash(rows_) for name, rows_ in splits.items()}
-    version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised_train": tokenised}, sort_keys=True))[:12]
+    version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
     planted = identity.pop("planted", None)
     manifest = {
         "data_version": version,
@@ -99,7 +108,9 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
                   "sha256": split_hashes},
         "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
         "tokenizer": _tokenizer_identity(tokenizer, model_revision),
-        "tokenised_train_sha256": tokenised,
+        "tokenised_sha256": tokenised,
+        "prompt": card.data.prompt.model_dump(),
+        "labkit_version": labkit.__version__,
         "max_length": card.data.max_length,
     }
     for name, rows_ in splits.items():

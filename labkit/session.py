@@ -111,7 +111,8 @@ class Stage:
         """
         summary = {"stage": self.name, "seconds": round(time.monotonic() - self._start, 1), **summary}
         self.save_json("summary.json", summary)
-        R.record(self.run, "stage_done", stage=self.name, seconds=summary["seconds"])
+        extra = {k: summary[k] for k in ("data_version",) if k in summary}  # the run records its data version
+        R.record(self.run, "stage_done", stage=self.name, seconds=summary["seconds"], **extra)
         if self.interactive and self.name == R.STAGES[-1]:
             R.record(self.run, "completed", status="completed")
         return summary

@@ -48,7 +48,9 @@ def render(tokenizer: Any, enc: Encoded, title: str = "") -> str:
         flags += f' — <span class="lk-warn">TRUNCATED from {enc.full_len} (max_length)</span>'
     if not enc.prefix_ok:
         flags += ' — <span class="lk-warn">prompt is not a token prefix</span>'
-    return f'<div class="lk-head"><b>{html.escape(title)}</b> · {flags}</div><div class="lk-ex">{"".join(parts)}</div>'
+    text = html.escape(tokenizer.decode(enc.input_ids))
+    return (f'<div class="lk-head"><b>{html.escape(title)}</b> · {flags}</div><div class="lk-ex">{"".join(parts)}</div>'
+            f'<details><summary class="lk-head">exact text after the chat template</summary><pre>{text}</pre></details>')
 
 
 def render_page(tokenizer: Any, items: list[tuple[str, Encoded]]) -> str:
