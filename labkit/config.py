@@ -189,7 +189,19 @@ class Lora(Strict):
     r: int = Field(default=16, ge=1)
     alpha: float = 32
     dropout: float = Field(default=0.05, ge=0, lt=1)
-    target_modules: Union[Literal["all-linear"], list[str], str] = "all-linear"
+    target_modules: Union[Literal["all-linear"], list[str], str] = Field(
+        default="all-linear", description="all-linear, a list of module names (q_proj, v_proj, …), or one regular "
+        "expression matched against full module names, e.g. '.*\\.(q|v)_proj'")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _regex(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "all-linear":
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc})") from None
+        return value
     modules_to_save: list[str] = Field(default_factory=list)
 
 
@@ -220,6 +232,11 @@ class Train(Strict):
     warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
+        default="adamw", description="adamw: torch's fused AdamW (32-bit states); the others are bitsandbytes'")
+    loss_normalisation: Literal["tokens", "micro_batch_mean"] = Field(
+        default="tokens", description="tokens: the loss is a sum over all completion tokens of the accumulated batch "
+        "divided by their count; micro_batch_mean: each micro-batch's mean, averaged (the pre-2024 behaviour, biased)")
     gradient_checkpointing: bool = False
     packing: bool = False
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"

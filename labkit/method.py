@@ -17,19 +17,29 @@ class MethodError(ValueError):
     """A method that cannot be applied (e.g. target modules that match nothing)."""
 
 
-def _kind_of(name: str) -> str:
+def kind_of(name: str) -> str:
     """A parameter's kind: the module name without layer numbers (model.layers.3.self_attn.q_proj.weight → self_attn.q_proj.weight)."""
     name = name.replace("base_model.model.", "")
     name = re.sub(r"\.(default|lora_A|lora_B)\.", lambda m: f".{m.group(1)}." if m.group(1) != "default" else ".", name)
     return re.sub(r"(^|\.)(layers|h|blocks)\.\d+\.", r"\1\2.*.", name)
 
 
-def apply_method(model: Any, card: Card) -> Any:
+def lora_config(card: Card) -> Any:
+    """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string)."""
+    from peft import LoraConfig
+
+    m = card.method
+    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
+                      modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none")
+
+
+def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     """Wrap or unfreeze the model as the card's method says.
 
     Args:
         model: the loaded base model (4-bit already for qlora).
         card: the card (method, train.gradient_checkpointing).
+        meta: the model lives on the meta device (memory estimate): skip the k-bit preparation.
     Returns:
         the trainable model (a PeftModel for lora/qlora).
     Raises:
@@ -40,15 +50,14 @@ def apply_method(model: Any, card: Card) -> Any:
         for param in model.parameters():
             param.requires_grad_(True)
         return model
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import set_seed
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
-    if method.kind == "qlora":
+    if method.kind == "qlora" and not meta:
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
     targets = method.target_modules
-    config = LoraConfig(r=method.r, lora_alpha=method.alpha, lora_dropout=method.dropout, target_modules=targets,
-                        modules_to_save=method.modules_to_save or None, task_type="CAUSAL_LM", bias="none")
+    config = lora_config(card)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in method.modules_to_save if m not in names]
     if missing:
@@ -71,7 +80,7 @@ def parameter_table(model: Any) -> list[dict[str, Any]]:
     """
     groups: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "parameters": 0, "trainable": 0, "dtype": set()})
     for name, param in model.named_parameters():
-        group = groups[_kind_of(name)]
+        group = groups[kind_of(name)]
         count = _numel(param)
         group["tensors"] += 1
         group["parameters"] += count

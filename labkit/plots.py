@@ -85,3 +85,35 @@ def length_histogram(lengths: dict[str, list[int]], max_length: int, path: Path 
     ax.set_ylabel("rows")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def memory_breakdown(estimates: list[dict[str, Any]], measured: list[float | None], path: Path | None = None) -> Any:
+    """Stacked estimate of a training step's peak memory per sequence length, with the measured peak marked.
+
+    Args:
+        estimates: from `labkit.memory.estimate_step`, one per sequence length.
+        measured: measured peak (weights + step) in bytes per estimate, or None.
+        path: where to save the PNG.
+    """
+    gib = 1024**3
+    fig, ax = plt.subplots(figsize=(6.8, 3.8))
+    labels = [f"{e['seq_len']} tokens × {e['micro_batch']}" for e in estimates]
+    parts = ["weights (frozen)", "weights (4-bit)", "trainable parameters", "optimiser states"]
+    bottom = [0.0] * len(estimates)
+    for part in parts:
+        values = [e["breakdown"][part] / gib for e in estimates]
+        if any(values):
+            ax.bar(labels, values, bottom=bottom, label=part, width=0.5)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    rest = [(e["peak_bytes"] / gib) - b for e, b in zip(estimates, bottom)]
+    ax.bar(labels, rest, bottom=bottom, label="activations, loss head, gradients (at the peak phase)", width=0.5)
+    for i, value in enumerate(measured):
+        if value is not None:
+            ax.plot([i - 0.3, i + 0.3], [value / gib] * 2, color="black", linewidth=2.5,
+                    label="measured peak" if i == 0 else None)
+    ax.set_ylabel("GiB")
+    ax.set_title("peak memory of one training step: estimate (bars) vs measured (line)")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_ylim(0, max(max(e["peak_bytes"] for e in estimates), max((m or 0) for m in measured)) / gib * 1.45)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)

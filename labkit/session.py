@@ -62,6 +62,14 @@ class Stage:
         """The base model's tokenizer."""
         return load_tokenizer(self.model_source, self.card)
 
+    @cached_property
+    def model_config(self) -> Any:
+        """The base model's transformers config (read from its folder; no weights are loaded)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_source.location, trust_remote_code=self.card.model.trust_remote_code,
+                                          **self.model_source.from_pretrained_kwargs())
+
     def load_model(self, quantize: bool = True) -> Any:
         """Load the base model on this stage's device (4-bit for qlora unless quantize=False)."""
         return load_model(self.model_source, self.card, self.device, quantize=quantize)

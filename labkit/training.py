@@ -57,7 +57,7 @@ class BudgetCallback:
         return _Budget()
 
 
-def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[str, Any]], output_dir: Path,
+def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, output_dir: Path,
                   eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu",
                   **overrides: Any) -> Any:
     """Build the SFTTrainer that stage 04 trains with (stage 03 uses it for its update check).
@@ -66,7 +66,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[
         card: the card (train section).
         model: the model after `labkit.method.apply_method`.
         tokenizer: the tokenizer.
-        train_rows: prepared training rows.
+        train_rows: prepared training rows, or an already tokenised datasets.Dataset (input_ids, labels).
         output_dir: where the trainer writes.
         eval_rows: validation rows for the evaluation loss during training (optional).
         device: the device the model is on.
@@ -75,6 +75,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[
         a trl.SFTTrainer.
     """
     from trl import SFTConfig, SFTTrainer
+
+    from labkit.memory import OPTIMIZERS
 
     t = card.train
     steps = {"max_steps": t.max_steps} if t.max_steps else {"num_train_epochs": t.epochs, "max_steps": -1}
@@ -88,7 +90,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=t.packing,
         padding_free=t.packing, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
-        logging_steps=t.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
+        optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **_precision(card, device))
     config.update(overrides)
@@ -98,11 +100,15 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: list[dict[
     budget = BudgetCallback(card.budget.max_minutes)
     callbacks.append(budget.callback())
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
+    train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     trainer = SFTTrainer(
-        model=model, args=SFTConfig(**config), train_dataset=to_dataset(tokenizer, card, train_rows),
+        model=model, args=SFTConfig(**config), train_dataset=train_dataset,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
     trainer.labkit_budget = budget
+    if t.loss_normalisation == "micro_batch_mean":
+        # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
+        trainer.model_accepts_loss_kwargs = False
     return trainer
 
 
@@ -115,42 +121,3 @@ def loss_history(trainer: Any) -> list[dict[str, Any]]:
         row.setdefault("step", trainer.state.global_step)
         rows.append(row)
     return rows
-
-
-def update_check(trainer: Any, steps: int = 2) -> dict[str, Any]:
-    """Run real optimiser steps and report, for every tensor, whether it changed.
-
-    Two steps, because LoRA's B starts at zero: on the first step A gets no gradient, so only B
-    moves; from the second step both move. Pass only when the changed set equals the trainable
-    set and every frozen tensor is bit-for-bit unchanged.
-
-    Args:
-        trainer: a trainer from `build_trainer` built with max_steps=steps and a constant lr.
-        steps: optimiser steps to run.
-    Returns:
-        {"ok", "steps", "changed", "unchanged_trainable", "changed_frozen", "tensors": [...], "seconds"}.
-    """
-    import torch
-
-    model = trainer.model
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    tensors = []
-    for name, param in model.named_parameters():
-        after = param.detach()
-        changed = not torch.equal(before[name], after)
-        delta = (after.float() - before[name].float()).norm().item() if changed and after.dtype.is_floating_point else 0.0
-        tensors.append({"name": name, "trainable": name in trainable, "changed": changed, "delta_norm": delta,
-                        "shape": list(after.shape), "dtype": str(after.dtype).replace("torch.", "")})
-    unchanged_trainable = [t["name"] for t in tensors if t["trainable"] and not t["changed"]]
-    changed_frozen = [t["name"] for t in tensors if not t["trainable"] and t["changed"]]
-    return {
-        "ok": bool(trainable) and not unchanged_trainable and not changed_frozen,
-        "steps": trainer.state.global_step, "trainable": len(trainable),
-        "changed": sum(t["changed"] for t in tensors), "unchanged_trainable": unchanged_trainable,
-        "changed_frozen": changed_frozen, "tensors": tensors, "seconds": seconds,
-        "seconds_per_step": seconds / max(trainer.state.global_step, 1),
-    }

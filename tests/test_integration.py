@@ -67,8 +67,16 @@ def test_stage_data_files(smoke_run) -> None:
     update = json.loads((run / "parameter_check" / "update_check.json").read_text())
     assert update["ok"] and update["steps"] == 2
     lora = [t for t in update["tensors"] if "lora_" in t["name"]]
-    assert lora and all(t["trainable"] and t["changed"] for t in lora)
-    assert not any(t["changed"] for t in update["tensors"] if not t["trainable"])
+    assert lora and all(t["expected"] and t["changed"] for t in lora)
+    assert not any(t["changed"] for t in update["tensors"] if not t["expected"])
+    memory = json.loads((run / "parameter_check" / "memory.json").read_text())
+    assert [m["seq_len"] for m in memory["measured"]] == list(memory["lengths"].values())
+    assert all(m["memory"]["delta_bytes"] > 0 and m["seconds_per_step"] > 0 for m in memory["measured"])
+    assert all(e["breakdown"]["activations"] > 0 and e["step_bytes"] > 0 for e in memory["estimates"])
+    fit = json.loads((run / "parameter_check" / "fit.json").read_text())
+    assert fit["verdict"]["fits"] and fit["plan"]["steps"] == 8
+    for name in ("accumulation_check.json", "checkpointing_check.json"):
+        assert json.loads((run / "parameter_check" / name).read_text())["ok"], name
     history = [json.loads(line) for line in (run / "training" / "log_history.jsonl").read_text().splitlines()]
     assert any("loss" in h for h in history) and any("eval_loss" in h for h in history)
     adapter = run / "training" / "adapter"

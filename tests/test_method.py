@@ -1,4 +1,4 @@
-"""Methods on the tiny model: what is trainable, seeded adapter init, and a target list that matches nothing."""
+"""Methods on the tiny model: what is trainable, seeded adapter init, target names/regex, and a target list that matches nothing."""
 
 from __future__ import annotations
 
@@ -46,34 +46,20 @@ def test_full_method_trains_everything(card, tiny_model) -> None:
     assert all(p.requires_grad for p in model.parameters())
 
 
-def _check(card, tiny_model, steps: int = 2) -> dict:
-    import tempfile
-
-    from labkit import data as D
-    from labkit.loading import load_tokenizer
-    from labkit.training import build_trainer, update_check
-
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+def test_target_modules_regex(card, tiny_model) -> None:
+    card.method.target_modules = r".*\.(q|v)_proj"
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
-    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows, Path(tempfile.mkdtemp()),
-                            device="cpu", max_steps=steps, lr_scheduler_type="constant", warmup_steps=0,
-                            disable_tqdm=True)
-    return update_check(trainer, steps=steps)
+    adapted = {r["module"]: r["adapted"] for r in matched_modules(model)}
+    assert adapted["self_attn.q_proj"] == adapted["self_attn.v_proj"] == 2
+    assert adapted["self_attn.k_proj"] == adapted["mlp.up_proj"] == 0
 
 
-def test_update_check_lora_needs_two_steps(card, tiny_model) -> None:
-    one = _check(card, tiny_model, steps=1)
-    # B starts at zero, so A gets no gradient on the first step: reported, not passed
-    assert not one["ok"] and one["unchanged_trainable"] and all("lora_A" in n for n in one["unchanged_trainable"])
-    two = _check(card, tiny_model, steps=2)
-    assert two["ok"] and two["changed"] == two["trainable"] and not two["changed_frozen"]
+def test_target_modules_bad_regex_is_a_card_error(repo, tmp_path) -> None:
+    from labkit.cards import CardError
 
-
-def test_update_check_qlora_on_cpu(card, tiny_model) -> None:
-    from labkit.config import Qlora
-
-    card.method = Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)
-    result = _check(card, tiny_model)
-    assert result["ok"], result["unchanged_trainable"] + result["changed_frozen"]
-    quantised = [t for t in result["tensors"] if t["dtype"] == "uint8"]
-    assert quantised and not any(t["changed"] for t in quantised)  # 4-bit weights bit-for-bit unchanged
+    text = (repo / "params" / "smoke.yaml").read_text().replace("target_modules: all-linear", "target_modules: '.*(q_proj'")
+    assert "(q_proj" in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(CardError, match=r"bad.yaml:\d+: method\.target_modules: not a valid regular expression"):
+        load_card(path)
