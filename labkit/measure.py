@@ -48,11 +48,16 @@ def _trim() -> None:
         pass
 
 
-def _release_promptly() -> bool:
-    """Have glibc serve blocks of 1 MiB and more with mmap, so freed tensors leave the process at once.
+def release_promptly() -> bool:
+    """Have glibc serve blocks of 64 KiB and more with mmap, so freed tensors leave the process at once.
 
     By default glibc raises its mmap threshold after the first large free and keeps later blocks in
-    its heap, where freed memory stays resident; resident memory then overstates live tensors.
+    its heap, where freed memory stays resident; resident memory then overstates live tensors. Call it
+    before the process allocates much (stage 03 does it when it opens): set after a training step, the
+    heap that step left behind still inflates later measurements.
+
+    Returns:
+        whether the allocator accepted the settings (False off glibc).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
@@ -99,7 +104,7 @@ class PeakMemory:
         import torch
 
         if self.device != "cuda":
-            _release_promptly()
+            release_promptly()
         _trim()
         if self.device == "cuda":
             torch.cuda.synchronize()
