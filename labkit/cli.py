@@ -15,8 +15,16 @@ EXPECTED = ("CardError", "ModelSourceError", "DataError", "StageFailed", "Method
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from labkit.runner import load_all, notebooks_dir, run_card
+    from labkit.runner import load_all, notebooks_dir, resume_run, run_card
 
+    if args.resume:
+        if args.cards:
+            raise ValueError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
+        root = Path(args.runs).resolve() if args.runs else R.runs_root()
+        resume_run(args.resume, root, notebooks_dir(args.notebooks))
+        return 0
+    if not args.cards:
+        raise ValueError("labkit run needs at least one card (or --resume RUN_ID)")
     cards = load_all(args.cards)  # every card validated before anything is created
     nb_dir = notebooks_dir(args.notebooks)
     failed = 0
@@ -42,8 +50,20 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_invalidate(args: argparse.Namespace) -> int:
+    root = Path(args.runs).resolve() if args.runs else R.runs_root()
+    run = R.find_run(args.run, root)
+    if not args.why.strip():
+        raise ValueError("labkit invalidate needs --why \"the reason\" (it is kept with the run)")
+    R.record(run, "invalidated", status="invalid", why=args.why.strip())
+    print(f"{run.experiment}/{run.run_id} marked invalid: {args.why.strip()}")
+    return 0
+
+
 def _cmd_runs(args: argparse.Namespace) -> int:
     root = Path(args.runs).resolve() if args.runs else R.runs_root()
+    for run_id in R.mark_dead_runs(root):
+        print(f"labkit: {run_id} was recorded as running but its process is gone: marked interrupted", file=sys.stderr)
     rows = R.summarise(R.read_registry(root))
     if args.experiment:
         rows = [r for r in rows if r["experiment"] == args.experiment]
@@ -75,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", help="runs folder (default: $LABKIT_RUNS or <project>/runs)")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run every stage of each card through papermill, archived")
-    run.add_argument("cards", nargs="+", help="experiment cards (params/*.yaml)")
+    run.add_argument("cards", nargs="*", help="experiment cards (params/*.yaml)")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or failed run from its first unfinished "
+                     "stage (training from its newest checkpoint), in this process")
     run.add_argument("--notebooks", help="folder of the stage notebooks (default: <project>/notebooks)")
     run.set_defaults(func=_cmd_run)
     stage = sub.add_parser("stage", help="run one stage notebook of a card")
@@ -87,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="the registry as a table (every run, failed and interrupted too)")
     runs.add_argument("experiment", nargs="?")
     runs.set_defaults(func=_cmd_runs)
+    invalidate = sub.add_parser("invalidate", help="mark a run invalid, with the reason (it stays in the registry)")
+    invalidate.add_argument("run", help="run id (or run folder)")
+    invalidate.add_argument("--why", required=True, help="the reason, kept with the run")
+    invalidate.set_defaults(func=_cmd_invalidate)
     return parser
 
 

@@ -242,6 +242,9 @@ class Train(Strict):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     logging_steps: int = Field(default=5, ge=1)
     eval_steps: int | None = Field(default=None, ge=1, description="validation loss every N steps (default: 4 times per run)")
+    save_steps: int | None = Field(default=None, ge=1, description="checkpoint (weights, optimiser, scheduler, RNG, data "
+                                   "position) every N optimiser steps and at the end (default: 4 times per run)")
+    save_total_limit: int = Field(default=2, ge=1, description="checkpoints kept (the newest)")
 
 
 class Eval(Strict):

@@ -62,7 +62,8 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
-        R.record(run, "stage_failed", stage=stage, error=error, cell=exc.exec_count, seconds=round(seconds, 1))
+        event = "stage_interrupted" if exc.ename == "TrainingInterrupted" else "stage_failed"
+        R.record(run, event, stage=stage, error=error, cell=exc.exec_count, seconds=round(seconds, 1))
         raise StageFailed(f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
     return time.monotonic() - start
 
@@ -75,6 +76,81 @@ def _summary(run: R.Run) -> dict[str, Any]:
     primary = verdict["primary"]
     return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": round(primary["baseline"], 4),
                                                                    "tuned": round(primary["tuned"], 4)}}
+
+
+class _Signals:
+    """SIGTERM / Ctrl-C while `labkit run` executes a stage.
+
+    During training the signal is passed on to the stage's kernel, which finishes its step, writes a
+    checkpoint and stops (the stage then fails with TrainingInterrupted, recorded as interrupted);
+    in any other stage, or on a second signal, the run stops at once (recorded as interrupted).
+    """
+
+    def __init__(self, run: R.Run) -> None:
+        self.run = run
+        self.stage = ""
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        kernel = self.run.status().get("stages", {}).get(self.stage, {}).get("pid")
+        if self.received is None and self.stage == "training" and kernel:
+            self.received = name
+            print(f"labkit: {name} — asking the training stage to checkpoint and stop (again to stop at once)",
+                  file=sys.stderr, flush=True)
+            try:
+                os.kill(int(kernel), signal.SIGTERM)
+                return
+            except ProcessLookupError:
+                pass
+        raise KeyboardInterrupt(name)
+
+
+def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[str], None]) -> None:
+    """Execute stages in order, recording failure and interruption (the run's status follows)."""
+    from labkit.resilience import start_heartbeat
+
+    total = time.monotonic()
+    timings: dict[str, float] = {}
+    stage = stages[0]
+    beating = start_heartbeat(run.dir)
+    try:
+        with _Signals(run) as signals:
+            for i, stage in enumerate(stages, 1):
+                signals.stage = stage
+                log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
+                seconds = execute_stage(run, stage, nb_dir)
+                timings[stage] = round(seconds, 1)
+                log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
+    except StageFailed as exc:
+        if "TrainingInterrupted" in str(exc):
+            R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
+            raise KeyboardInterrupt(str(exc)) from None
+        R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
+        raise
+    except KeyboardInterrupt:
+        R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kernel died, papermill broke…: still recorded
+        R.record(run, "failed", status="failed", stage=stage, error=f"{type(exc).__name__}: {exc}"[:500], timings=timings)
+        raise
+    finally:
+        beating.set()
+    summary = _summary(run)
+    R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
+             summary=summary)
+    log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
 
 
 def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
@@ -96,36 +172,38 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     run = R.new_run(loaded, root, mode="batch")
     R.write_json(run.dir / "env.json", capture())
     log(f"run {run.experiment}/{run.run_id}")
-    total = time.monotonic()
-    timings: dict[str, float] = {}
-    stage = stages[0]
-    previous = signal.getsignal(signal.SIGTERM)
+    _execute(run, stages, nb_dir, log)
+    return run
 
-    def _term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt("SIGTERM")
 
-    signal.signal(signal.SIGTERM, _term)
-    try:
-        for i, stage in enumerate(stages, 1):
-            log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
-            seconds = execute_stage(run, stage, nb_dir)
-            timings[stage] = round(seconds, 1)
-            log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
-    except StageFailed as exc:
-        R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
-        raise
-    except KeyboardInterrupt:
-        R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
-        raise
-    except Exception as exc:  # noqa: BLE001 - the kernel died, papermill broke…: still recorded
-        R.record(run, "failed", status="failed", stage=stage, error=f"{type(exc).__name__}: {exc}"[:500], timings=timings)
-        raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    summary = _summary(run)
-    R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
-             summary=summary)
-    log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
+def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = print) -> R.Run:
+    """Continue an interrupted or failed run in this process: the stages not yet done, in order;
+    the training stage continues from its newest checkpoint.
+
+    Args:
+        run_id: the run's id (folder name), or its path.
+        root: the runs root.
+        nb_dir: the template notebooks.
+        log: where progress lines go.
+    Returns:
+        the completed Run.
+    """
+    run = R.find_run(run_id, root)
+    status = run.status()
+    if status["status"] in {"completed", "invalid"}:
+        raise ValueError(f"{run.run_id} is {status['status']}: nothing to resume")
+    if status["status"] == "running":
+        from labkit.resilience import is_dead
+
+        if not is_dead(run.dir, status):
+            raise ValueError(f"{run.run_id} is still running (pid {status.get('pid')}); stop it first")
+    done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
+    todo = tuple(s for s in R.STAGES if s not in done)
+    R.record(run, "resumed", status="running", from_stage=todo[0], pid=os.getpid())
+    R.set_owner(run, os.getpid())
+    R.write_json(run.dir / f"env.resumed-{R.utc_now().replace(':', '')}.json", capture())  # the machine may differ
+    log(f"resume {run.experiment}/{run.run_id} from {R.NOTEBOOKS[todo[0]]}")
+    _execute(run, todo, nb_dir, log)
     return run
 
 

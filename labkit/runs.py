@@ -141,7 +141,8 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
 
     Args:
         run: the run.
-        event: started | stage_started | stage_done | stage_failed | completed | failed | interrupted.
+        event: started | stage_started | stage_done | stage_failed | stage_interrupted | completed | failed |
+            interrupted | resumed | invalidated.
         status: the run's status after the event (None keeps it).
         fields: extra data (stage, error, seconds…).
     Returns:
@@ -155,10 +156,12 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
         entry = state["stages"].setdefault(stage, {})
         entry.update({"status": event.removeprefix("stage_"), "time": utc_now(),
                       **{k: v for k, v in fields.items() if k != "stage"}})
-    if event in {"completed", "failed", "interrupted"}:
+    if event in {"completed", "failed", "interrupted", "invalidated"}:
         state["finished"] = utc_now()
         if fields.get("error"):
             state["error"] = fields["error"]
+    if event == "invalidated":
+        state["invalid_reason"] = fields.get("why")
     state["heartbeat"] = time.time()
     write_json(run.status_path, state)
     line = {"time": utc_now(), "run_id": run.run_id, "experiment": run.experiment,
@@ -202,6 +205,10 @@ def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["stage"] = event["stage"]
         if event.get("error"):
             row["error"] = event["error"]
+        if event.get("event") == "resumed":
+            row["error"] = ""
+        if event.get("event") == "invalidated":
+            row["error"] = f"invalid: {event.get('why')}"
         if "summary" in event:
             row["summary"] = event["summary"]
     return list(runs.values())
@@ -219,3 +226,48 @@ def find_interactive_run(loaded: LoadedCard, root: Path) -> Run | None:
         if status.get("mode") == "interactive" and status.get("card_hash") == loaded.hash and status["status"] != "completed":
             return Run(path)
     return None
+
+
+def find_run(run_id: str, root: Path) -> Run:
+    """The run folder of a run id (or a path to it) under a runs root.
+
+    Raises:
+        FileNotFoundError: no such run.
+    """
+    path = Path(run_id)
+    if (path / "status.json").exists():
+        return Run(path.resolve())
+    matches = [p for p in root.glob(f"*/{run_id}") if (p / "status.json").exists()] if root.is_dir() else []
+    if not matches:
+        raise FileNotFoundError(f"no run {run_id!r} under {root} (see `labkit runs`)")
+    return Run(matches[0])
+
+
+def set_owner(run: Run, pid: int) -> None:
+    """Record the process now responsible for a run (its liveness is what `labkit runs` checks)."""
+    state = run.status()
+    state.update(pid=pid, host=socket.gethostname(), heartbeat=time.time())
+    write_json(run.status_path, state)
+
+
+def mark_dead_runs(root: Path) -> list[str]:
+    """Record as interrupted every run marked running whose process is gone (or that stopped beating).
+
+    Returns:
+        the ids of the runs so marked.
+    """
+    from labkit.resilience import is_dead
+
+    marked = []
+    for row in summarise(read_registry(root)):
+        if row.get("status") != "running":
+            continue
+        run = Run(root / row["experiment"] / row["run_id"])
+        if not run.status_path.exists():
+            continue
+        status = run.status()
+        reason = is_dead(run.dir, status) if status.get("status") == "running" else None
+        if reason:
+            record(run, "interrupted", status="interrupted", error=f"interrupted: {reason}", detected_by="labkit runs")
+            marked.append(run.run_id)
+    return marked

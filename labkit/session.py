@@ -150,6 +150,10 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     if name not in R.STAGES:
         raise ValueError(f"unknown stage {name!r} (expected one of {', '.join(R.STAGES)})")
     _quiet_batch()
+    if name == "parameter_check":
+        from labkit.measure import release_promptly
+
+        release_promptly()  # before any model is loaded, so the memory measurements read live tensors
     loaded = load_card(card)
     interactive = not run_dir
     if run_dir:
@@ -162,6 +166,9 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     if not (run.dir / "env.json").exists():
         R.write_json(run.dir / "env.json", capture())
     R.record(run, "stage_started", stage=name, pid=os.getpid())
+    from labkit.resilience import start_heartbeat
+
+    start_heartbeat(run.dir)  # lets `labkit runs` tell a live run from one whose process died
     stage = Stage(name, loaded, run, interactive)
     print(f"labkit · {loaded.card.experiment.id}/{run.run_id} · stage {name} · device {stage.device}")
     return stage

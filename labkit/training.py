@@ -52,14 +52,15 @@ class BudgetCallback:
                 if time.monotonic() - outer.start > outer.max_seconds:
                     outer.exhausted = True
                     control.should_training_stop = True
+                    control.should_save = args.save_strategy != "no"  # a checkpoint to continue from
                 return control
 
         return _Budget()
 
 
 def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, output_dir: Path,
-                  eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu",
-                  **overrides: Any) -> Any:
+                  eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu", checkpoints: bool = False,
+                  run_dir: Path | None = None, **overrides: Any) -> Any:
     """Build the SFTTrainer that stage 04 trains with (stage 03 uses it for its update check).
 
     Args:
@@ -70,6 +71,9 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         output_dir: where the trainer writes.
         eval_rows: validation rows for the evaluation loss during training (optional).
         device: the device the model is on.
+        checkpoints: write checkpoints every train.save_steps and at the end, and stop cleanly
+            (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
+        run_dir: the run folder, for heartbeats during training.
         overrides: SFTConfig fields to override (e.g. max_steps=2 for the update check).
     Returns:
         a trl.SFTTrainer.
@@ -77,28 +81,36 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     from trl import SFTConfig, SFTTrainer
 
     from labkit.memory import OPTIMIZERS
+    from labkit.resilience import Interruption
 
     t = card.train
     steps = {"max_steps": t.max_steps} if t.max_steps else {"num_train_epochs": t.epochs, "max_steps": -1}
+    total = t.max_steps or math.ceil(math.ceil(len(train_rows) / t.micro_batch) / t.grad_accum * t.epochs)
     eval_kwargs: dict[str, Any] = {"eval_strategy": "no"}
     if eval_rows:
-        total = t.max_steps or math.ceil(math.ceil(len(train_rows) / t.micro_batch) / t.grad_accum * t.epochs)
         eval_kwargs = {"eval_strategy": "steps", "eval_steps": t.eval_steps or max(1, total // 4),
                        "per_device_eval_batch_size": card.eval.batch_size}
+    save_kwargs: dict[str, Any] = {"save_strategy": "no"}
+    if checkpoints:
+        save_kwargs = {"save_strategy": "steps", "save_steps": t.save_steps or max(1, total // 4),
+                       "save_total_limit": t.save_total_limit}
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=t.packing,
         padding_free=t.packing, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
-        optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, save_strategy="no", report_to="none",
+        optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, report_to="none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
-        **steps, **eval_kwargs, **_precision(card, device))
+        **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
     config.update(overrides)
     if t.gradient_checkpointing:
         config["activation_checkpointing_kwargs"] = {"use_reentrant": False}
     callbacks = []
     budget = BudgetCallback(card.budget.max_minutes)
     callbacks.append(budget.callback())
+    interruption = Interruption(run_dir)
+    if checkpoints:
+        callbacks.append(interruption.callback())
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     trainer = SFTTrainer(
@@ -106,6 +118,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
     trainer.labkit_budget = budget
+    trainer.labkit_interruption = interruption
     if t.loss_normalisation == "micro_batch_mean":
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
         trainer.model_accepts_loss_kwargs = False

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,3 +35,32 @@ def tiny_model():
     from labkit.models import resolve
 
     return resolve("tiny:llama")
+
+
+def labkit(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LABKIT_RUNS": str(runs)}
+    return subprocess.run([sys.executable, "-m", "labkit.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+SECRETS = {"HF_TOKEN": "hf_labkitPLANTEDtoken0123456789", "WANDB_API_KEY": "labkit-planted-wandb-key-42",
+           "MY_SERVICE_PASSWORD": "labkit-planted-password-7"}
+TOKEN_FILE_SECRET = "hf_labkitPLANTEDtokenFILE9876543210"
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The smoke card through `labkit run`, with fake secrets planted in the environment and in the HF token file."""
+    runs = tmp_path_factory.mktemp("runs")
+    hf_home = tmp_path_factory.mktemp("hf_home")
+    (hf_home / "token").write_text(TOKEN_FILE_SECRET)
+    before = dict(os.environ)
+    os.environ.update(SECRETS, HF_HOME=str(hf_home))
+    try:
+        proc = labkit("run", "params/smoke.yaml", runs=runs)
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (run,) = [p for p in (runs / "smoke").iterdir() if not p.name.startswith("_")]
+    return run, proc

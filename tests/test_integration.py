@@ -9,25 +9,11 @@ import sys
 from pathlib import Path
 
 import nbformat
-import pytest
 import yaml
 
+from conftest import SECRETS, TOKEN_FILE_SECRET, labkit
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def labkit(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LABKIT_RUNS": str(runs)}
-    return subprocess.run([sys.executable, "-m", "labkit.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
-    runs = tmp_path_factory.mktemp("runs")
-    proc = labkit("run", "params/smoke.yaml", runs=runs)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    (run,) = [p for p in (runs / "smoke").iterdir() if not p.name.startswith("_")]
-    return run, proc
 
 
 def test_run_folder_layout(smoke_run) -> None:
@@ -45,6 +31,19 @@ def test_run_folder_layout(smoke_run) -> None:
         assert injected and str(run) in injected[0].source
     assert "[5/5] 05_comparison.ipynb" in proc.stdout and "completed" in proc.stdout
     assert yaml.safe_load((run / "card.yaml").read_text())["experiment"]["id"] == "smoke"
+
+
+def test_no_secret_in_any_file_of_the_run(smoke_run) -> None:
+    run, proc = smoke_run
+    planted = [v.encode() for v in SECRETS.values()] + [TOKEN_FILE_SECRET.encode()]
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert len(files) > 30 and any(p.suffix == ".ipynb" for p in files) and (run / "env.json") in files
+    for path in files:
+        data = path.read_bytes()
+        assert not any(secret in data for secret in planted), f"a planted secret leaked into {path}"
+    assert not any(secret.decode() in proc.stdout + proc.stderr for secret in planted)
+    env = json.loads((run / "env.json").read_text())
+    assert env["pip_freeze"] and env["packages"]["torch"] and env["distributed"]["world_size"] == 1
 
 
 def test_stage_data_files(smoke_run) -> None:
@@ -145,7 +144,14 @@ def test_stage_command_reruns_one_stage(smoke_run) -> None:
     assert (run / "preprocessing" / "summary.json").stat().st_mtime > before
 
 
-def test_notebooks_run_interactively_top_to_bottom(tmp_path: Path) -> None:
+def _without_times(path: Path) -> list[dict]:
+    """JSON lines without wall-clock fields (runtimes, throughput), which differ between runs."""
+    timing = ("runtime", "per_second", "seconds", "time")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in rows]
+
+
+def test_notebooks_run_interactively_top_to_bottom(tmp_path: Path, smoke_run) -> None:
     """As in JupyterLab: the committed notebooks, run in order from notebooks/, run_dir left empty."""
     from nbclient import NotebookClient
 
@@ -166,5 +172,11 @@ def test_notebooks_run_interactively_top_to_bottom(tmp_path: Path) -> None:
     (run,) = list((runs / "smoke").glob("tiny-lora-*"))
     status = json.loads((run / "status.json").read_text())
     assert status["mode"] == "interactive" and status["status"] == "completed"
+    # the same card and seed twice on the CPU: identical loss curve and identical predictions
+    batch_run, _ = smoke_run
+    for name in ("training/log_history.jsonl", "baseline/baseline_predictions.jsonl"):
+        assert _without_times(run / name) == _without_times(batch_run / name), name
+    assert _without_times(run / "comparison" / "tuned_predictions.jsonl") == _without_times(
+        batch_run / "comparison" / "tuned_predictions.jsonl")
     assert set(status["stages"]) == {"baseline", "preprocessing", "parameter_check", "training", "comparison"}
     assert (run / "comparison" / "verdict.json").is_file()

@@ -1,0 +1,170 @@
+"""Training that survives the real world: checkpoints, resume, interruption and heartbeats.
+
+- Checkpoints (weights, optimiser, scheduler, RNG and the data position, as transformers' Trainer
+  writes them) go to `training/trainer/checkpoint-N` every `train.save_steps` steps and at the end;
+  stage 04 always resumes from the newest one, so re-running it (or `labkit run --resume RUN_ID`)
+  continues where the last process stopped.
+- SIGTERM or Ctrl-C (SIGINT) during training: the current step finishes, a checkpoint is written,
+  training stops and the stage raises `TrainingInterrupted`, which the run records as `interrupted`
+  with its last step. A second signal stops at once.
+- Heartbeats: every stage kernel and `labkit run` touch `<run>/heartbeat` every 30 s, so a run whose
+  process died (SIGKILL, machine gone) can be told from a running one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT_SECONDS = 30.0
+STALE_SECONDS = 300.0  # no heartbeat for this long: the run's process is gone
+
+
+class TrainingInterrupted(RuntimeError):
+    """Training stopped on a signal after writing a checkpoint."""
+
+
+def last_checkpoint(folder: Path) -> str | None:
+    """The newest complete `checkpoint-N` folder under `folder` (None when there is none).
+
+    A checkpoint counts as complete when its trainer_state.json exists (written last by the Trainer).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    found = [(int(m.group(1)), p) for p in folder.iterdir()
+             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / "trainer_state.json").exists()]
+    return str(max(found)[1]) if found else None
+
+
+def beat(run_dir: Path, **fields: Any) -> None:
+    """Write the run's heartbeat (time, host, pid and any progress fields), atomically."""
+    path = Path(run_dir) / "heartbeat"
+    tmp = path.with_name(f".heartbeat.{os.getpid()}")
+    tmp.write_text(json.dumps({"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), **fields}))
+    os.replace(tmp, path)
+
+
+def start_heartbeat(run_dir: Path) -> threading.Event:
+    """Beat every HEARTBEAT_SECONDS from a daemon thread until the returned event is set."""
+    stop = threading.Event()
+
+    def _loop() -> None:
+        while not stop.is_set():
+            try:
+                beat(run_dir)
+            except OSError:
+                pass
+            stop.wait(HEARTBEAT_SECONDS)
+
+    threading.Thread(target=_loop, daemon=True, name="labkit-heartbeat").start()
+    return stop
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_dead(run_dir: Path, status: dict[str, Any]) -> str | None:
+    """Why a run recorded as running has no live process, or None when it may be alive.
+
+    Args:
+        run_dir: the run folder.
+        status: its status.json.
+    Returns:
+        a reason ("process 123 is gone", "no heartbeat for 12 min") or None.
+    """
+    path = Path(run_dir) / "heartbeat"
+    beat_info = json.loads(path.read_text()) if path.exists() else {}
+    last = beat_info.get("time") or status.get("heartbeat") or 0
+    pid, host = status.get("pid"), status.get("host")
+    if status.get("mode") == "batch" and pid and host == socket.gethostname() and not process_alive(int(pid)):
+        return f"process {pid} is gone (killed, or the machine restarted)"
+    age = time.time() - float(last)
+    if status.get("mode") == "batch" and age > STALE_SECONDS:
+        return f"no heartbeat for {age / 60:.0f} min"
+    return None
+
+
+class Interruption:
+    """Turns SIGTERM / SIGINT during training into: finish the step, checkpoint, stop.
+
+    Attributes:
+        signal: the name of the signal received (None if none).
+        step: the optimiser step at which training stopped.
+    """
+
+    def __init__(self, run_dir: Path | None = None) -> None:
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.signal: str | None = None
+        self.step = 0
+        self._previous: dict[int, Any] = {}
+        self._last_beat = 0.0
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # a second signal: stop now
+            self.restore()
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        self.signal = signal.Signals(signum).name
+        print(f"labkit: {self.signal} received — finishing this step, writing a checkpoint, then stopping", flush=True)
+
+    def install(self) -> None:
+        """Install the handlers (main thread only; elsewhere signals keep their defaults)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handler)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class _Interrupt(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                outer.install()
+
+            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                outer.step = state.global_step
+                if outer.signal is not None:
+                    control.should_save = True
+                    control.should_training_stop = True
+                elif state.max_steps and state.global_step >= state.max_steps:
+                    control.should_save = True  # always a checkpoint at the end
+                if outer.run_dir and time.monotonic() - outer._last_beat > HEARTBEAT_SECONDS / 3:
+                    outer._last_beat = time.monotonic()
+                    beat(outer.run_dir, step=state.global_step, max_steps=state.max_steps)
+                return control
+
+            def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                outer.restore()
+
+        return _Interrupt()
+
+    def raise_if_interrupted(self, checkpoint_dir: Path, run_id: str = "") -> None:
+        """After `trainer.train()`: raise TrainingInterrupted when a signal stopped training."""
+        if self.signal is None:
+            return
+        saved = last_checkpoint(checkpoint_dir)
+        resume = f"labkit run --resume {run_id}" if run_id else "re-run this notebook"
+        raise TrainingInterrupted(f"{self.signal} at step {self.step}; checkpoint {Path(saved).name if saved else 'none'} "
+                                  f"written; continue with: {resume}")
