@@ -220,6 +220,13 @@ Method = Annotated[Union[Full, Lora, Qlora], Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- train, eval, the rest
+class EarlyStopping(Strict):
+    metric: Literal["eval_loss"] = Field(
+        default="eval_loss", description="the validation loss during training (generation metrics are judged in stage 05)")
+    patience: int = Field(ge=1, description="evaluations without an improvement before training stops")
+    min_delta: float = Field(default=0.0, ge=0, description="smallest decrease that counts as an improvement")
+
+
 class Train(Strict):
     trainer: Literal["sft"] = "sft"
     seed: int = 42
@@ -238,13 +245,26 @@ class Train(Strict):
         default="tokens", description="tokens: the loss is a sum over all completion tokens of the accumulated batch "
         "divided by their count; micro_batch_mean: each micro-batch's mean, averaged (the pre-2024 behaviour, biased)")
     gradient_checkpointing: bool = False
-    packing: bool = False
+    packing: bool = Field(default=False, description="not available yet (see the validator): batches use dynamic padding")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
-    logging_steps: int = Field(default=5, ge=1)
+    logging_steps: int = Field(default=5, ge=1, description="print the training loss every N steps (the loss history "
+                               "records every step)")
     eval_steps: int | None = Field(default=None, ge=1, description="validation loss every N steps (default: 4 times per run)")
     save_steps: int | None = Field(default=None, ge=1, description="checkpoint (weights, optimiser, scheduler, RNG, data "
                                    "position) every N optimiser steps and at the end (default: 4 times per run)")
     save_total_limit: int = Field(default=2, ge=1, description="checkpoints kept (the newest)")
+    early_stopping: EarlyStopping | None = Field(
+        default=None, description="stop when the validation loss stops improving; the best checkpoint is the adapter")
+
+    @field_validator("packing")
+    @classmethod
+    def _no_packing_yet(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("packing is not available yet: with SDPA or eager attention, transformers 5.24 does not keep "
+                             "packed examples apart by their restarting position ids (checked on the tiny Llama: the "
+                             "second example's logits change by 0.65), so they would attend to each other; use "
+                             "packing: false (dynamic padding)")
+        return value
 
 
 class Eval(Strict):
@@ -256,7 +276,26 @@ class Eval(Strict):
 
 
 class Distributed(Strict):
-    strategy: Literal["none"] = Field(default="none", description="single process (DDP/FSDP come with accelerate)")
+    launcher: Literal["none", "accelerate"] = Field(
+        default="none", description="none: stage 04 trains in its own kernel; accelerate: `accelerate launch` runs the training")
+    strategy: Literal["none", "ddp", "fsdp"] = Field(
+        default="none", description="ddp replicates the model on every process; fsdp shards weights, gradients and "
+        "optimiser states across them")
+    num_processes: int = Field(default=1, ge=1, description="processes in all (GPUs, or CPU processes with gloo)")
+    num_machines: int = Field(default=1, ge=1)
+    machine_rank: int = Field(default=0, ge=0)
+    main_process_ip: str | None = Field(default=None, description="multi-node: the rank-0 machine's address")
+    main_process_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Distributed":
+        if (self.launcher == "none") != (self.strategy == "none"):
+            raise ValueError("launcher accelerate goes with strategy ddp or fsdp; launcher none with strategy none")
+        if self.launcher == "none" and self.num_processes != 1:
+            raise ValueError("num_processes > 1 needs launcher: accelerate")
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ValueError("num_machines > 1 needs main_process_ip (and main_process_port)")
+        return self
 
 
 class Budget(Strict):

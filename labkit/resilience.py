@@ -134,6 +134,18 @@ class Interruption:
             signal.signal(sig, handler)
         self._previous.clear()
 
+    def agree(self) -> None:
+        """Under several processes, stop all at the same step when any one got the signal."""
+        import torch
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            flag = torch.tensor([1.0 if self.signal else 0.0],
+                                device="cuda" if dist.get_backend() == "nccl" else "cpu")
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            if flag.item() and self.signal is None:
+                self.signal = "SIGTERM"
+
     def callback(self) -> Any:
         from transformers import TrainerCallback
 
@@ -145,6 +157,7 @@ class Interruption:
 
             def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
                 outer.step = state.global_step
+                outer.agree()
                 if outer.signal is not None:
                     control.should_save = True
                     control.should_training_stop = True

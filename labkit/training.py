@@ -26,6 +26,7 @@ def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
 def _precision(card: Card, device: str) -> dict[str, bool]:
     import torch
 
+    device = device.split(":")[0]
     wanted = card.train.precision
     if wanted == "auto":
         wanted = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
@@ -92,8 +93,14 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                        "per_device_eval_batch_size": card.eval.batch_size}
     save_kwargs: dict[str, Any] = {"save_strategy": "no"}
     if checkpoints:
+        # the history records every step, so a run resumed from any checkpoint has the uninterrupted run's
+        # curve point for point (a logged average over several steps would straddle the interruption)
         save_kwargs = {"save_strategy": "steps", "save_steps": t.save_steps or max(1, total // 4),
                        "save_total_limit": t.save_total_limit}
+    stopping = t.early_stopping if checkpoints and eval_rows else None
+    if stopping:  # every evaluation is a checkpoint, so the best one can be restored at the end
+        save_kwargs.update(save_steps=eval_kwargs["eval_steps"], load_best_model_at_end=True,
+                           metric_for_best_model=stopping.metric, greater_is_better=False)
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
@@ -102,6 +109,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, report_to="none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
+    if checkpoints:
+        config["logging_steps"] = 1
     config.update(overrides)
     if t.gradient_checkpointing:
         config["activation_checkpointing_kwargs"] = {"use_reentrant": False}
@@ -111,6 +120,11 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     interruption = Interruption(run_dir)
     if checkpoints:
         callbacks.append(interruption.callback())
+    if stopping:
+        from transformers import EarlyStoppingCallback
+
+        callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
+                                               early_stopping_threshold=stopping.min_delta))
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     trainer = SFTTrainer(
@@ -119,10 +133,36 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         callbacks=callbacks)
     trainer.labkit_budget = budget
     trainer.labkit_interruption = interruption
+    if checkpoints:
+        _print_every(trainer, t.logging_steps)
     if t.loss_normalisation == "micro_batch_mean":
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
         trainer.model_accepts_loss_kwargs = False
     return trainer
+
+
+def _print_every(trainer: Any, every: int) -> None:
+    """Print the training loss every `every` steps (and every evaluation) although every step is logged."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    def keep(state: Any, logs: dict[str, Any] | None) -> bool:
+        logs = logs or {}
+        return state.global_step % every == 0 or state.global_step <= 1 or "loss" not in logs
+
+    class _Progress(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+            if keep(state, logs):
+                super().on_log(args, state, control, logs=logs, **kwargs)
+
+    class _Printer(PrinterCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+            if keep(state, logs):
+                super().on_log(args, state, control, logs=logs, **kwargs)
+
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(_Progress())
+    if trainer.pop_callback(PrinterCallback) is not None:
+        trainer.add_callback(_Printer())
 
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,134 @@
+"""Stage 04's training, in the notebook's kernel or on every process of an `accelerate launch`.
+
+`run(stage)` trains in the kernel for `distributed.launcher: none`; for `accelerate` it writes an
+accelerate config next to the run's data (archived with the run) and launches
+`python -m labkit.train_stage RUN_DIR` on every process, each building the same trainer. Either
+way rank 0 writes `training/outcome.json`, `log_history.jsonl` and the adapter, and the stage reads
+those files, never process output.
+
+Run as a module: `accelerate launch --config_file … -m labkit.train_stage RUN_DIR`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from labkit import runs as R
+from labkit.resilience import TrainingInterrupted, last_checkpoint
+
+
+def train(stage: Any) -> dict[str, Any]:
+    """Train the card's method on the run's training split, continuing from the newest checkpoint.
+
+    Args:
+        stage: the training Stage (card, run, tokenizer, data, device).
+    Returns:
+        the outcome: {"steps", "metrics", "budget_exhausted", "interrupted", "resumed_from", "world_size"}.
+    """
+    from labkit.evaluation import save_adapter_info
+    from labkit.method import apply_method
+    from labkit.training import build_trainer, loss_history
+
+    card = stage.card
+    model = apply_method(stage.load_model(), card)
+    trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
+                            eval_rows=stage.split("validation"), device=stage.device, checkpoints=True,
+                            run_dir=stage.run.dir)
+    resume_from = last_checkpoint(stage.path("trainer"))
+    if trainer.is_world_process_zero():
+        print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    interruption = trainer.labkit_interruption
+    outcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
+               "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
+               "interrupted": None, "best_step": trainer.state.best_global_step, "best_eval_loss": trainer.state.best_metric}
+    outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
+                                    and not outcome["budget_exhausted"] and not trainer.labkit_interruption.signal)
+    if interruption.signal:
+        saved = last_checkpoint(stage.path("trainer"))
+        outcome["interrupted"] = (f"{interruption.signal} at step {interruption.step}; checkpoint "
+                                  f"{Path(saved).name if saved else 'none'} written; continue with: "
+                                  f"labkit run --resume {stage.run.run_id}")
+    if trainer.is_world_process_zero():
+        stage.save_jsonl("log_history.jsonl", loss_history(trainer))
+        if not outcome["interrupted"]:
+            adapter_dir = stage.path("adapter")
+            trainer.save_model(str(adapter_dir))
+            stage.tokenizer.save_pretrained(adapter_dir)
+            save_adapter_info(adapter_dir, stage)
+        stage.save_json("outcome.json", outcome)
+    return outcome
+
+
+def run(stage: Any) -> dict[str, Any]:
+    """Train for the stage: in this process, or through `accelerate launch` as the card says.
+
+    Returns:
+        the outcome written by rank 0.
+    Raises:
+        TrainingInterrupted: a signal stopped training after a checkpoint.
+        RuntimeError: the launched training failed (with the end of its output).
+    """
+    outcome_path = stage.path("outcome.json")
+    outcome_path.unlink(missing_ok=True)
+    if stage.card.distributed.launcher == "accelerate":
+        _launch(stage)
+    else:
+        train(stage)
+    outcome = R.read_json(outcome_path)
+    if outcome["interrupted"]:
+        raise TrainingInterrupted(outcome["interrupted"])
+    return outcome
+
+
+def _launch(stage: Any) -> None:
+    """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers."""
+    from labkit.distributed import accelerate_config, launch_command
+
+    config = stage.path("accelerate_config.yaml")
+    R.write_atomic(config, accelerate_config(stage.card, stage.device))
+    command = launch_command(config, stage.run.dir)
+    print("$ " + " ".join(command), flush=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "LABKIT_WORKER": "1"})
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _forward(signum: int, frame: Any) -> None:
+        os.killpg(proc.pid, signal.SIGTERM)  # every worker checkpoints at the same step, then stops
+
+    for sig in previous:
+        signal.signal(sig, _forward)
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            tail = (tail + [line.rstrip()])[-30:]
+        proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if proc.returncode != 0 and not stage.path("outcome.json").exists():
+        raise RuntimeError(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Worker entry point: train the run in `argv[0]` as one process of the launch."""
+    from labkit.cards import load_card
+    from labkit.session import Stage
+
+    run_dir = Path((argv or sys.argv[1:])[0]).resolve()
+    run = R.Run(run_dir)
+    stage = Stage("training", load_card(run.card_path), run, interactive=False)
+    if stage.device == "cuda":
+        stage.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # each process loads onto its own GPU
+    train(stage)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

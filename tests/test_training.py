@@ -1,0 +1,32 @@
+"""Stage 04's trainer on the tiny model: early stopping on the validation loss, with the best checkpoint kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labkit import data as D
+from labkit.cards import load_card
+from labkit.config import EarlyStopping
+from labkit.loading import load_model, load_tokenizer
+from labkit.method import apply_method
+from labkit.training import build_trainer
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_early_stopping_on_validation_loss(tmp_path: Path, tiny_model) -> None:
+    card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    card.train.lr = 0.5  # large enough that the validation loss soon stops improving
+    card.train.max_steps, card.train.eval_steps = 16, 1
+    card.train.early_stopping = EarlyStopping(patience=2)
+    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:32], tmp_path, eval_rows=rows[32:40],
+                            device="cpu", checkpoints=True, disable_tqdm=True)
+    trainer.train()
+    evals = [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e]
+    best_step, best = min(evals, key=lambda x: x[1])
+    assert trainer.state.global_step < 16, "stopped early"
+    assert trainer.state.best_metric == best and trainer.state.best_global_step == best_step
+    assert evals[-1][0] - best_step == 2  # exactly `patience` evaluations without improvement
+    assert (tmp_path / f"checkpoint-{best_step}").is_dir()  # the best checkpoint is kept (and loaded at the end)
