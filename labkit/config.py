@@ -245,7 +245,8 @@ class Train(Strict):
         default="tokens", description="tokens: the loss is a sum over all completion tokens of the accumulated batch "
         "divided by their count; micro_batch_mean: each micro-batch's mean, averaged (the pre-2024 behaviour, biased)")
     gradient_checkpointing: bool = False
-    packing: bool = Field(default=False, description="not available yet (see the validator): batches use dynamic padding")
+    packing: bool = Field(default=False, description="pack examples into rows of up to data.max_length tokens with a "
+                          "block-diagonal attention mask (checked before training: each example's loss is the same packed)")
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     logging_steps: int = Field(default=5, ge=1, description="print the training loss every N steps (the loss history "
                                "records every step)")
@@ -255,16 +256,6 @@ class Train(Strict):
     save_total_limit: int = Field(default=2, ge=1, description="checkpoints kept (the newest)")
     early_stopping: EarlyStopping | None = Field(
         default=None, description="stop when the validation loss stops improving; the best checkpoint is the adapter")
-
-    @field_validator("packing")
-    @classmethod
-    def _no_packing_yet(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("packing is not available yet: with SDPA or eager attention, transformers 5.24 does not keep "
-                             "packed examples apart by their restarting position ids (checked on the tiny Llama: the "
-                             "second example's logits change by 0.65), so they would attend to each other; use "
-                             "packing: false (dynamic padding)")
-        return value
 
 
 class Eval(Strict):

@@ -36,6 +36,8 @@ def train(stage: Any) -> dict[str, Any]:
 
     card = stage.card
     model = apply_method(stage.load_model(), card)
+    if card.train.packing:
+        _check_packing(stage, model)
     trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
                             eval_rows=stage.split("validation"), device=stage.device, checkpoints=True,
                             run_dir=stage.run.dir)
@@ -63,6 +65,20 @@ def train(stage: Any) -> dict[str, Any]:
             save_adapter_info(adapter_dir, stage)
         stage.save_json("outcome.json", outcome)
     return outcome
+
+
+def _check_packing(stage: Any, model: Any) -> None:
+    """Before training packed: each of a few examples must have the same loss packed as alone."""
+    from labkit.packing import isolation_check
+    from labkit.prompting import encode_rows
+
+    examples = [{"input_ids": e.input_ids, "labels": e.labels}
+                for e in encode_rows(stage.tokenizer, stage.card, stage.split("train")[:6])]
+    check = isolation_check(model, examples, stage.card.data.max_length)
+    stage.save_json("packing_check.json", check)
+    if not check["ok"]:
+        raise RuntimeError(f"packing would let examples attend to each other: a packed example's loss differs by "
+                           f"{check['max_difference']:.2e} (tolerance {check['tolerance']:.0e}); set train.packing: false")
 
 
 def run(stage: Any) -> dict[str, Any]:

@@ -16,11 +16,15 @@ from labkit.prompting import encode_rows
 
 
 def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
-    """A datasets.Dataset of input_ids and labels for TRL (pre-tokenised)."""
+    """A datasets.Dataset of input_ids and labels for TRL (pre-tokenised; packed rows when train.packing)."""
     import datasets
 
-    encoded = encode_rows(tokenizer, card, rows)
-    return datasets.Dataset.from_list([{"input_ids": e.input_ids, "labels": e.labels} for e in encoded])
+    from labkit.packing import pack
+
+    examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows)]
+    if card.train.packing:
+        examples = pack(examples, card.data.max_length)
+    return datasets.Dataset.from_list(examples)
 
 
 def _precision(card: Card, device: str) -> dict[str, bool]:
@@ -104,13 +108,15 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=t.packing,
-        padding_free=t.packing, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
+        max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=False,
+        padding_free=False, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
         optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, report_to="none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
     if checkpoints:
         config["logging_steps"] = 1
+    if t.packing:
+        config["remove_unused_columns"] = False  # keep position_ids (PEFT's forward does not name them)
     config.update(overrides)
     if t.gradient_checkpointing:
         config["activation_checkpointing_kwargs"] = {"use_reentrant": False}
@@ -127,8 +133,14 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                                                early_stopping_threshold=stopping.min_delta))
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
+    collator = None
+    if t.packing:  # labkit packs (packing.py): block-diagonal masks, so examples never attend to each other
+        from labkit.packing import PackedCollator
+
+        collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
+                                  if next(model.parameters()).is_floating_point() else None)
     trainer = SFTTrainer(
-        model=model, args=SFTConfig(**config), train_dataset=train_dataset,
+        model=model, args=SFTConfig(**config), train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
     trainer.labkit_budget = budget

@@ -153,11 +153,6 @@ def test_trust_remote_code_is_off_by_default() -> None:
         assert card.model.trust_remote_code is False
 
 
-def test_packing_is_refused_until_attention_keeps_examples_apart(tmp_path: Path) -> None:
-    msg = _bad(tmp_path, lambda d: d["train"].update(packing=True))
-    assert "train.packing" in msg and "attend to each other" in msg and "packing: false" in msg
-
-
 def test_distributed_launcher_and_strategy_go_together(tmp_path: Path) -> None:
     msg = _bad(tmp_path, lambda d: d.update(distributed={"launcher": "accelerate"}))
     assert "distributed" in msg and "launcher accelerate goes with strategy ddp or fsdp" in msg
