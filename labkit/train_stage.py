@@ -115,7 +115,17 @@ def _launch(stage: Any) -> None:
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
 
     def _forward(signum: int, frame: Any) -> None:
-        os.killpg(proc.pid, signal.SIGTERM)  # every worker checkpoints at the same step, then stops
+        # to the training workers only (they agree on a step, checkpoint and exit 0); the launcher itself
+        # would otherwise start killing them after its own timeout
+        import psutil
+
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        workers = [c for c in children if "labkit.train_stage" in " ".join(_cmdline(c))]
+        for worker in workers or [psutil.Process(proc.pid)]:
+            worker.send_signal(signal.SIGTERM)
 
     for sig in previous:
         signal.signal(sig, _forward)
@@ -130,6 +140,13 @@ def _launch(stage: Any) -> None:
             signal.signal(sig, handler)
     if proc.returncode != 0 and not stage.path("outcome.json").exists():
         raise RuntimeError(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
+
+
+def _cmdline(process: Any) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - gone or not ours
+        return []
 
 
 def main(argv: list[str] | None = None) -> int:
