@@ -129,6 +129,13 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
             "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable}
 
 
+def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
+    """Optimiser state of the trainable parameters: torch's AdamW keeps two moments in the parameter's dtype,
+    bitsandbytes' 8-bit variants one byte each (paged ones can spill to CPU memory under pressure)."""
+    per = OPTIMIZERS[optimizer][0]
+    return params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per
+
+
 def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True) -> dict[str, float]:
     """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
 
@@ -169,7 +176,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
 
 
 def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
-                  checkpointing: bool | None = None, optimizer: str | None = None, padded: bool = True) -> dict[str, Any]:
+                  checkpointing: bool | None = None, optimizer: str | None = None, padded: bool = True,
+                  params: dict[str, Any] | None = None) -> dict[str, Any]:
     """Estimate the peak memory of one complete training step (forward, loss, backward, optimiser update).
 
     Args:
@@ -181,6 +189,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         checkpointing: activation checkpointing (default: the card's).
         optimizer: one of OPTIMIZERS (default: the card's).
         padded: whether the batch carries padding.
+        params: `parameter_bytes` of the card's meta model, when already computed (it does not depend on the batch).
     Returns:
         {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases", ...}.
     """
@@ -192,43 +201,37 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     shape = shape_of(config)
     dtype = str(pick_dtype(card.model.dtype, device)).replace("torch.", "")
     act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
-    params = parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
+    params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
     tokens = b * seq_len
     per_layer = activation_units(shape, card, params, seq_len, padded)
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
-    saved = shape.layers * layer_bytes
-    recompute = 0.0
-    if ckpt:  # each layer keeps only its input; in the backward one layer at a time is recomputed
-        saved = shape.layers * shape.hidden * act_bytes * tokens
-        recompute = layer_bytes
+    # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
+    saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
+    saved = saved_ckpt if ckpt else saved_plain
     n = b * (seq_len - 1)
     tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
     fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient accumulator
     head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
-    state_per_param = OPTIMIZERS[optim][0]
     grads = params["trainable_bytes"]
-    # torch's AdamW keeps its two moments in the parameter's dtype; bitsandbytes' 8-bit ones in one byte each
-    opt_states = params["trainable_bytes"] * 2 if state_per_param == 8.0 else params["trainable"] * state_per_param
+    opt_states = optimiser_bytes(params, optim)
     activations = saved + head_saved
-    phases = {"end of forward": activations + fwd_tiles * tile,
-              "start of backward (loss head)": activations + bwd_tiles * tile + grad_hidden + head_grad,
+    head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile + grad_hidden + head_grad
+    phases = {"end of forward": activations + head_fwd, "start of backward (loss head)": activations + head_bwd,
               "optimiser update": grads}
     if ckpt:
-        phases["backward of a recomputed layer"] = activations + recompute + grad_hidden + head_grad
+        phases["backward of a recomputed layer"] = activations + layer_bytes + grad_hidden + head_grad
     step = opt_states + max(phases.values())
     weights = params["frozen_bytes"] + params["quantised_bytes"] + params["trainable_bytes"]
     breakdown = {
         "weights (frozen)": params["frozen_bytes"], "weights (4-bit)": params["quantised_bytes"],
         "trainable parameters": params["trainable_bytes"], "gradients": grads, "optimiser states": opt_states,
-        "activations": activations, "loss head buffers": max(fwd_tiles * tile, bwd_tiles * tile + grad_hidden + head_grad),
+        "activations": activations, "loss head buffers": max(head_fwd, head_bwd),
     }
-    alternatives = {f"optimiser states, {name}": (params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per)
-                    for name, (per, _) in OPTIMIZERS.items()}
-    alternatives["activations, no checkpointing"] = shape.layers * layer_bytes + head_saved
-    alternatives["activations, checkpointing (+ one recomputed layer)"] = (
-        shape.layers * shape.hidden * act_bytes * tokens + head_saved + layer_bytes)
+    alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
+    alternatives["activations, no checkpointing"] = saved_plain + head_saved
+    alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
     return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": device,
             "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
@@ -270,7 +273,11 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
     Returns:
         {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
     """
-    est = estimate_step(config, card, seq_len, device=device)
+    from labkit.loading import pick_dtype
+
+    dtype_bytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
+    est = estimate_step(config, card, seq_len, device=device, params=params)
     if est["peak_bytes"] <= free_bytes:
         spare = free_bytes - est["peak_bytes"]
         return {"fits": True, "spare_bytes": spare, "options": [],
@@ -278,7 +285,8 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
     options = []
     for ckpt in (False, True):
         for mb in range(est["micro_batch"], 0, -1):
-            peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt)["peak_bytes"]
+            peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
+                                 params=params)["peak_bytes"]
             if peak <= free_bytes:
                 options.append({"micro_batch": mb, "checkpointing": ckpt, "peak_bytes": peak})
                 break

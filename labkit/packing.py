@@ -46,7 +46,10 @@ def segments(position_ids: list[int]) -> list[tuple[int, int]]:
 
 
 class PackedCollator:
-    """Pads packed rows to the longest in the batch and builds their block-diagonal causal mask."""
+    """Pads packed rows to the longest in the batch and builds their block-diagonal causal mask.
+
+    A row without position_ids is one example (stage 03 measures with such rows of a fixed length).
+    """
 
     def __init__(self, pad_token_id: int, dtype: Any = None) -> None:
         self.pad_token_id = pad_token_id
@@ -64,10 +67,11 @@ class PackedCollator:
         causal = torch.ones((length, length), dtype=torch.bool).tril()
         for b, row in enumerate(rows):
             n = len(row["input_ids"])
+            row_positions = list(row.get("position_ids") or range(n))
             ids[b, :n] = torch.tensor(row["input_ids"])
             labels[b, :n] = torch.tensor(row["labels"])
-            positions[b, :n] = torch.tensor(row["position_ids"])
-            for start, end in segments(list(row["position_ids"])):
+            positions[b, :n] = torch.tensor(row_positions)
+            for start, end in segments(row_positions):
                 allowed[b, 0, start:end, start:end] = causal[: end - start, : end - start]
             allowed[b, 0, n:, :] = torch.eye(length, dtype=torch.bool)[n:]  # padding attends to itself only
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)

@@ -108,12 +108,10 @@ class Interruption:
         step: the optimiser step at which training stopped.
     """
 
-    def __init__(self, run_dir: Path | None = None) -> None:
-        self.run_dir = Path(run_dir) if run_dir else None
+    def __init__(self) -> None:
         self.signal: str | None = None
         self.step = 0
         self._previous: dict[int, Any] = {}
-        self._last_beat = 0.0
 
     def _handler(self, signum: int, frame: Any) -> None:
         if self.signal is not None:  # a second signal: stop now
@@ -163,9 +161,6 @@ class Interruption:
                     control.should_training_stop = True
                 elif state.max_steps and state.global_step >= state.max_steps:
                     control.should_save = True  # always a checkpoint at the end
-                if outer.run_dir and time.monotonic() - outer._last_beat > HEARTBEAT_SECONDS / 3:
-                    outer._last_beat = time.monotonic()
-                    beat(outer.run_dir, step=state.global_step, max_steps=state.max_steps)
                 return control
 
             def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
@@ -173,11 +168,10 @@ class Interruption:
 
         return _Interrupt()
 
-    def raise_if_interrupted(self, checkpoint_dir: Path, run_id: str = "") -> None:
-        """After `trainer.train()`: raise TrainingInterrupted when a signal stopped training."""
+    def report(self, checkpoint_dir: Path, run_id: str) -> str | None:
+        """After `trainer.train()`: what stopped training and how to continue (None when no signal did)."""
         if self.signal is None:
-            return
+            return None
         saved = last_checkpoint(checkpoint_dir)
-        resume = f"labkit run --resume {run_id}" if run_id else "re-run this notebook"
-        raise TrainingInterrupted(f"{self.signal} at step {self.step}; checkpoint {Path(saved).name if saved else 'none'} "
-                                  f"written; continue with: {resume}")
+        return (f"{self.signal} at step {self.step}; checkpoint {Path(saved).name if saved else 'none'} written; "
+                f"continue with: labkit run --resume {run_id}")

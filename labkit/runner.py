@@ -18,6 +18,10 @@ class StageFailed(RuntimeError):
     """A stage notebook raised; the run is marked failed and the executed notebook kept."""
 
 
+class StageInterrupted(StageFailed):
+    """The training stage stopped on a signal after writing a checkpoint; the run is marked interrupted."""
+
+
 def notebooks_dir(explicit: str | Path | None = None) -> Path:
     """Where the stage notebooks are: explicit, else <project root>/notebooks, else next to the labkit package."""
     candidates = [Path(explicit)] if explicit else []
@@ -62,9 +66,11 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
-        event = "stage_interrupted" if exc.ename == "TrainingInterrupted" else "stage_failed"
-        R.record(run, event, stage=stage, error=error, cell=exc.exec_count, seconds=round(seconds, 1))
-        raise StageFailed(f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
+        interrupted = exc.ename == "TrainingInterrupted"
+        R.record(run, "stage_interrupted" if interrupted else "stage_failed", stage=stage, error=error,
+                 cell=exc.exec_count, seconds=round(seconds, 1))
+        raise (StageInterrupted if interrupted else StageFailed)(
+            f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
     return time.monotonic() - start
 
 
@@ -133,10 +139,10 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
                 seconds = execute_stage(run, stage, nb_dir)
                 timings[stage] = round(seconds, 1)
                 log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
+    except StageInterrupted as exc:
+        R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
+        raise KeyboardInterrupt(str(exc)) from None
     except StageFailed as exc:
-        if "TrainingInterrupted" in str(exc):
-            R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
-            raise KeyboardInterrupt(str(exc)) from None
         R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
         raise
     except KeyboardInterrupt:

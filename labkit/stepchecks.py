@@ -189,9 +189,11 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
     if len(rows) < m * k:
         raise ValueError(f"accumulation_check needs {m * k} training rows, got {len(rows)}")
     data = to_dataset(tokenizer, card, rows)
-    order = sorted(range(len(data)), key=lambda j: sum(x != -100 for x in data[j]["labels"]))
-    data = data.select(order[: m * (k - 1)] + order[-m:])  # short completions first, the longest last: unequal token counts
-    tokens = [sum(sum(1 for x in data[j]["labels"] if x != -100) for j in range(s, s + m)) for s in range(0, m * k, m)]
+    counts = [sum(x != -100 for x in labels) for labels in data["labels"]]
+    order = sorted(range(len(data)), key=counts.__getitem__)
+    picked = order[: m * (k - 1)] + order[-m:]  # short completions first, the longest last: unequal token counts
+    data = data.select(picked)
+    tokens = [sum(counts[j] for j in picked[s: s + m]) for s in range(0, m * k, m)]
     whole = _one_update(card, make_model, tokenizer, data, device, per_device_train_batch_size=m * k, gradient_accumulation_steps=1)
     accumulated = _one_update(card, make_model, tokenizer, data, device, per_device_train_batch_size=m, gradient_accumulation_steps=k)
     rel, worst = _grad_difference(whole["grads"], accumulated["grads"])
@@ -220,8 +222,7 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
     data = fixed_length_dataset(tokenizer, card, rows, seq_len, card.train.micro_batch)
     common = {"per_device_train_batch_size": card.train.micro_batch, "gradient_accumulation_steps": 1}
     plain = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=False, **common)
-    ckpt = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=True,
-                       activation_checkpointing_kwargs={"use_reentrant": False}, **common)
+    ckpt = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=True, **common)
     rel, worst = _grad_difference(plain["grads"], ckpt["grads"])
     tol = _tolerance(device, card)
     loss_rel = abs(plain["loss"] - ckpt["loss"]) / max(abs(plain["loss"]), 1e-12)

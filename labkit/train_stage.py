@@ -39,23 +39,18 @@ def train(stage: Any) -> dict[str, Any]:
     if card.train.packing:
         _check_packing(stage, model)
     trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
-                            eval_rows=stage.split("validation"), device=stage.device, checkpoints=True,
-                            run_dir=stage.run.dir)
+                            eval_rows=stage.split("validation"), device=stage.device, checkpoints=True)
     resume_from = last_checkpoint(stage.path("trainer"))
     if trainer.is_world_process_zero():
         print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
     result = trainer.train(resume_from_checkpoint=resume_from)
-    interruption = trainer.labkit_interruption
+    interrupted = trainer.labkit_interruption.report(stage.path("trainer"), stage.run.run_id)
     outcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
                "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
-               "interrupted": None, "best_step": trainer.state.best_global_step, "best_eval_loss": trainer.state.best_metric}
+               "interrupted": interrupted, "best_step": trainer.state.best_global_step,
+               "best_eval_loss": trainer.state.best_metric}
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
-                                    and not outcome["budget_exhausted"] and not trainer.labkit_interruption.signal)
-    if interruption.signal:
-        saved = last_checkpoint(stage.path("trainer"))
-        outcome["interrupted"] = (f"{interruption.signal} at step {interruption.step}; checkpoint "
-                                  f"{Path(saved).name if saved else 'none'} written; continue with: "
-                                  f"labkit run --resume {stage.run.run_id}")
+                                    and not outcome["budget_exhausted"] and not interrupted)
     if trainer.is_world_process_zero():
         stage.save_jsonl("log_history.jsonl", loss_history(trainer))
         if not outcome["interrupted"]:

@@ -65,7 +65,7 @@ class BudgetCallback:
 
 def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, output_dir: Path,
                   eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu", checkpoints: bool = False,
-                  run_dir: Path | None = None, **overrides: Any) -> Any:
+                  **overrides: Any) -> Any:
     """Build the SFTTrainer that stage 04 trains with (stage 03 uses it for its update check).
 
     Args:
@@ -78,7 +78,6 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         device: the device the model is on.
         checkpoints: write checkpoints every train.save_steps and at the end, and stop cleanly
             (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
-        run_dir: the run folder, for heartbeats during training.
         overrides: SFTConfig fields to override (e.g. max_steps=2 for the update check).
     Returns:
         a trl.SFTTrainer.
@@ -110,20 +109,19 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=False,
         padding_free=False, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
-        optim=OPTIMIZERS[t.optimizer][1], logging_steps=t.logging_steps, logging_first_step=True, report_to="none",
+        optim=OPTIMIZERS[t.optimizer][1], logging_steps=1 if checkpoints else t.logging_steps, logging_first_step=True,
+        report_to="none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
-    if checkpoints:
-        config["logging_steps"] = 1
     if t.packing:
         config["remove_unused_columns"] = False  # keep position_ids (PEFT's forward does not name them)
     config.update(overrides)
-    if t.gradient_checkpointing:
-        config["activation_checkpointing_kwargs"] = {"use_reentrant": False}
+    if config["activation_checkpointing"]:
+        config.setdefault("activation_checkpointing_kwargs", {"use_reentrant": False})
     callbacks = []
     budget = BudgetCallback(card.budget.max_minutes)
     callbacks.append(budget.callback())
-    interruption = Interruption(run_dir)
+    interruption = Interruption()
     if checkpoints:
         callbacks.append(interruption.callback())
     if stopping:

@@ -34,10 +34,13 @@ def test_pack_fills_rows_in_order_and_restarts_positions() -> None:
     assert [r["input_ids"] for r in rows] == [[1] * 5 + [2] * 4, [3] * 3 + [4] * 6, [5] * 2]
     assert rows[0]["position_ids"] == list(range(5)) + list(range(4))
     assert segments(rows[1]["position_ids"]) == [(0, 3), (3, 9)]
-    batch = PackedCollator(pad_token_id=0)(rows[:2])
+    batch = PackedCollator(pad_token_id=0)(rows[1:])  # rows of 9 and 2 tokens
     mask = batch["attention_mask"][0, 0] == 0  # allowed positions
-    assert mask[6, 5] and not mask[6, 4] and not mask[2, 3]  # inside an example, causal; never across examples
-    assert batch["labels"][1, 9:].tolist() == [] or (batch["labels"][0, 9:] == -100).all()
+    assert mask[4, 3] and mask[4, 4] and not mask[4, 2] and not mask[4, 5]  # causal inside an example, never across
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
+    assert batch["input_ids"][1].tolist() == [5, 5] + [0] * 7 and (batch["labels"][1, 2:] == -100).all()  # padding
+    padded = batch["attention_mask"][1, 0] == 0
+    assert padded[5].tolist() == [i == 5 for i in range(9)]  # a padding position attends to itself only
 
 
 def test_each_example_has_the_same_loss_packed_and_alone(card, tiny_model) -> None:
@@ -51,6 +54,16 @@ def test_restarting_position_ids_alone_do_not_isolate(card, tiny_model) -> None:
     model = load_model(tiny_model, card, "cpu")
     result = isolation_check(model, _examples(card, tiny_model), max_length=400, block_mask=False)
     assert not result["ok"] and result["max_difference"] > 1e-2  # what the block-diagonal mask is for
+
+
+def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
+    from labkit.measure import measure_step
+
+    card.train.packing = True  # stage 03 measures with fixed-length rows that carry no position ids
+    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()))
+    assert len(result["step_seconds"]) == 2 and result["memory"]["delta_bytes"] > 0
 
 
 def test_training_packed_through_the_trainer(card, tiny_model) -> None:
