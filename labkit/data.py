@@ -79,7 +79,7 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if isinstance(source, PathSource):
         path = Path(source.path)
         kind = source.format if source.format != "auto" else path.suffix.lstrip(".").lower()
-        identity = {"kind": "file", "path": str(path), "sha256": _file_sha256(path), "format": kind}
+        identity = {"kind": "file", "path": str(path), "sha256": file_sha256(path), "format": kind}
         if kind == "jsonl":
             rows = _read_jsonl(path)
         elif kind == "json":
@@ -110,7 +110,8 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
                   "planted": planted}
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     digest = hashlib.sha256()

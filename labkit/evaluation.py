@@ -1,4 +1,4 @@
-"""The evaluation procedure shared by the baseline (stage 01) and the comparison (stage 05).
+"""The evaluation procedure shared by the baseline (stage 01), the comparison (stage 05) and `labkit final`.
 
 Same split, same prompts, same decoding, same metrics. The baseline of an experiment is cached by
 the hash of (model revision, evaluation data, evaluation procedure) and shared by its variants.
@@ -17,6 +17,27 @@ from labkit.generation import generate_answers
 from labkit.metrics import score_predictions
 
 
+def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any]],
+                  label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The evaluation procedure on given rows: the card's prompts and decoding, then its metrics.
+
+    Used by `evaluate` (validation split) and by `labkit final` (test split), so both measure the same way.
+
+    Args:
+        model: the model to evaluate.
+        tokenizer: its tokenizer.
+        card: the card (prompt, eval settings, target format).
+        rows: prepared rows ({"id", "input", "target", "category"}).
+        label: progress label ("baseline", "tuned").
+    Returns:
+        (per-example rows with scores, aggregated metrics).
+    """
+    answers = generate_answers(model, tokenizer, card, rows, desc=f"{label}: generating")
+    records = [{"id": r["id"], "category": r.get("category"), "input": r["input"], "target": r["target"],
+                "prediction": a} for r, a in zip(rows, answers)]
+    return score_predictions(records, card.data.target_format.model_dump())
+
+
 def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Generate on the card's evaluation split and score; save `<label>_predictions.jsonl` and `<label>_metrics.json`.
 
@@ -27,12 +48,8 @@ def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], 
     Returns:
         (per-example rows with scores, aggregated metrics).
     """
-    card = stage.card
-    rows = stage.split(card.eval.split)
-    answers = generate_answers(model, stage.tokenizer, card, rows, desc=f"{label}: generating")
-    records = [{"id": r["id"], "category": r.get("category"), "input": r["input"], "target": r["target"],
-                "prediction": a} for r, a in zip(rows, answers)]
-    scored, metrics = score_predictions(records, card.data.target_format.model_dump())
+    rows = stage.split(stage.card.eval.split)
+    scored, metrics = evaluate_rows(model, stage.tokenizer, stage.card, rows, label)
     stage.save_jsonl(f"{label}_predictions.jsonl", scored)
     stage.save_json(f"{label}_metrics.json", metrics)
     return scored, metrics

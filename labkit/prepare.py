@@ -1,14 +1,19 @@
 """Prepare a run's data once: load, clean, split, find leakage, write splits and the manifest.
 
 Writes (atomically, so a failure leaves nothing half-written):
-  data/train.jsonl data/validation.jsonl data/test.jsonl   the prepared splits
-  preprocessing/leakage.json                              duplicate pairs within/across splits
-  data_manifest.json                                      hashes, rules, counts: the data version
+  data/train.jsonl data/validation.jsonl   the prepared splits (the test split is never written)
+  preprocessing/leakage.json              duplicate pairs within/across splits
+  data_manifest.json                      hashes, rules, counts: the data version
+
+The test split's rows are not kept anywhere: the manifest holds its size and sha256, and only
+`labkit final` (labkit.final.open_test_split) re-derives them from the card's source with the same
+pipeline (`derive_splits`) and checks them against that hash.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,20 +71,41 @@ def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple
     return report, pairs
 
 
-def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
-    """Prepare the run's data (or return the existing manifest when it is already prepared).
+@dataclass
+class DerivedSplits:
+    """What the splitting pipeline produced (all three splits, the test split included).
+
+    Attributes:
+        splits: {"train", "validation", "test"} -> rows sorted by id.
+        rows_loaded: rows read from the source.
+        source: the source's identity (what was read, its hash or revision).
+        planted: what the built-in dataset planted on purpose (None for other sources).
+        cleaning: one report per cleaning rule (removed ids, changed rows).
+        leakage: the leakage report (pairs, summary, dropped ids).
+    """
+
+    splits: dict[str, list[dict[str, Any]]]
+    rows_loaded: int
+    source: dict[str, Any]
+    planted: dict[str, Any] | None
+    cleaning: list[dict[str, Any]]
+    leakage: dict[str, Any]
+
+
+def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
+    """The splitting pipeline: load the source, map the fields, clean, split, apply the leakage policy.
+
+    Deterministic for a given card, source and tokenizer. It returns the test rows too, so only
+    `prepare` (which writes train and validation only) and `labkit.final.open_test_split` call it.
 
     Args:
-        card: the card.
-        run: the run folder.
-        tokenizer: the model's tokenizer (token-length rules, tokenised hash).
-        model_revision: the base model's revision (recorded with the tokenizer identity).
+        card: the card (data section).
+        tokenizer: the model's tokenizer (token-length cleaning rules).
     Returns:
-        the data manifest.
+        the DerivedSplits.
+    Raises:
+        DataError: bad data (one line naming the row or key); LeakageError under the `fail` policy.
     """
-    manifest_path = run.dir / "data_manifest.json"
-    if manifest_path.exists():
-        return read_json(manifest_path)
     raw, identity = D.load_source(card)
     rows = D.map_fields(card, raw)
     lengths: dict[str, int] = {}
@@ -92,16 +118,39 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
     rows, cleaning = D.apply_cleaning(card, rows, token_length)
     splits = D.split_rows(card, rows)
     leak_report, _ = _apply_leakage(card, splits)
+    planted = identity.pop("planted", None)
+    return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
+                         leakage=leak_report)
+
+
+def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
+    """Prepare the run's data (or return the existing manifest when it is already prepared).
+
+    Writes data/train.jsonl and data/validation.jsonl; the test rows are written nowhere (the
+    manifest keeps their count and sha256 for `labkit final`).
+
+    Args:
+        card: the card.
+        run: the run folder.
+        tokenizer: the model's tokenizer (token-length rules, tokenised hash).
+        model_revision: the base model's revision (recorded with the tokenizer identity).
+    Returns:
+        the data manifest.
+    """
+    manifest_path = run.dir / "data_manifest.json"
+    if manifest_path.exists():
+        return read_json(manifest_path)
+    derived = derive_splits(card, tokenizer)
+    splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
     tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows_)])
                  for name, rows_ in splits.items() if name != "test"}
     split_hashes = {name: D.rows_hash(rows_) for name, rows_ in splits.items()}
     version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
-    planted = identity.pop("planted", None)
     manifest = {
         "data_version": version,
-        "source": identity,
+        "source": derived.source,
         "fields": card.data.fields.model_dump(),
-        "rows_loaded": len(raw),
+        "rows_loaded": derived.rows_loaded,
         "cleaning": [{k: v for k, v in step.items() if k != "removed_ids"} | {"removed_ids": step["removed_ids"][:50]}
                      for step in cleaning],
         "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
@@ -114,19 +163,21 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
         "max_length": card.data.max_length,
     }
     for name, rows_ in splits.items():
+        if name == "test":
+            continue  # locked: re-derived and checked against split.sha256.test by `labkit final` only
         write_atomic(run.dir / "data" / f"{name}.jsonl",
                      "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows_))
     stage = run.stage_dir("preprocessing")
     write_json(stage / "leakage.json", leak_report)
     write_json(stage / "cleaning.json", cleaning)
-    if planted is not None:
-        write_json(stage / "planted.json", planted)
+    if derived.planted is not None:
+        write_json(stage / "planted.json", derived.planted)
     write_json(manifest_path, manifest)  # last: its presence means the data is complete
     return manifest
 
 
 def load_split(run: Run, name: str) -> list[dict[str, Any]]:
-    """Read a prepared split. The test split is locked: only `labkit final` opens it.
+    """Read a prepared split. The test split is locked: it is not written, only `labkit final` re-derives it.
 
     Args:
         run: the run.
@@ -135,7 +186,7 @@ def load_split(run: Run, name: str) -> list[dict[str, Any]]:
         the rows.
     """
     if name == "test":
-        raise PermissionError("the test split is locked until the final decision (labkit final RUN opens it once)")
+        raise PermissionError("the test split is locked until the final decision (`labkit final RUN_ID` opens it once)")
     if name not in D.SPLITS:
         raise ValueError(f"unknown split {name!r} (expected train or validation)")
     path = Path(run.dir) / "data" / f"{name}.jsonl"
