@@ -43,8 +43,9 @@ class LoadedCard:
 
     @property
     def hash(self) -> str:
-        """Short sha256 of the resolved card (stable across key order)."""
-        return card_hash(self.resolved)
+        """Short sha256 of the resolved card's non-default values (stable across key order, and across labkit
+        versions that add optional keys: a new key at its default leaves the hash of an archived card unchanged)."""
+        return card_hash(self.card.model_dump(mode="json", exclude_defaults=True))
 
 
 def card_hash(resolved: dict[str, Any]) -> str:
@@ -102,12 +103,12 @@ def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _diff(parent: Any, child: Any, prefix: str = "") -> dict[str, Any]:
+def card_diff(parent: Any, child: Any, prefix: str = "") -> dict[str, Any]:
     """Flat {dotted.key: {"parent": a, "card": b}} of what differs."""
     if isinstance(parent, dict) and isinstance(child, dict):
         out: dict[str, Any] = {}
         for key in sorted(set(parent) | set(child), key=str):
-            out.update(_diff(parent.get(key), child.get(key), f"{prefix}{key}."))
+            out.update(card_diff(parent.get(key), child.get(key), f"{prefix}{key}."))
         return out
     if parent != child:
         return {prefix.rstrip("."): {"parent": parent, "card": child}}
@@ -216,7 +217,7 @@ def load_card(path: str | Path) -> LoadedCard:
         for _, _, data in reversed(chain[1:]):
             parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
     full = card.model_dump(mode="json")
-    diff = _diff(_normalise(parent_resolved), _normalise(full)) if len(chain) > 1 else {}
+    diff = card_diff(_normalise(parent_resolved), _normalise(full)) if len(chain) > 1 else {}
     return LoadedCard(card=card, path=path, chain=[p for p, _, _ in chain], resolved=full, diff=diff)
 
 

@@ -88,6 +88,19 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from labkit.experiment import summary_rows
+    from labkit.report import build_report
+
+    root = Path(args.runs).resolve() if args.runs else R.runs_root()
+    index = build_report(root, args.experiment, resamples=args.resamples)
+    comparison = R.read_json(index.parent / "comparison.json")
+    for row in summary_rows(comparison):
+        print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    print(f"report: {index}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `labkit` command."""
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__)
@@ -113,6 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     invalidate.add_argument("run", help="run id (or run folder)")
     invalidate.add_argument("--why", required=True, help="the reason, kept with the run")
     invalidate.set_defaults(func=_cmd_invalidate)
+    compare = sub.add_parser("compare", help="compare every run of an experiment (bootstrap intervals, paired per example, "
+                             "protocol check) and write its HTML report")
+    compare.add_argument("experiment", help="the experiment id (experiment.id of its cards)")
+    compare.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    compare.set_defaults(func=_cmd_compare)
+    from labkit import export, final, plan
+
+    final.add_command(sub)
+    export.add_command(sub)
+    plan.add_command(sub)
     return parser
 
 

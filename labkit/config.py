@@ -44,6 +44,9 @@ class Experiment(Strict):
     hypothesis: str = Field(min_length=10, description="what you expect, written before compute")
     target: Target
     guardrails: list[Guardrail] = Field(description="what must not get worse (may be an empty list, said explicitly)")
+    protocol_change: str | None = Field(
+        default=None, description="why this variant changes a protocol-fixed key of its experiment (eval, train.seed, "
+        "data, budget); without it such a variant is refused, with it it runs and is flagged not comparable")
 
     @field_validator("id", "variant")
     @classmethod

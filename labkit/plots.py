@@ -42,20 +42,9 @@ def category_bars(per_category: dict[str, dict[str, dict[str, float]]], metric: 
         metric: the metric to draw.
         path: where to save the PNG.
     """
-    labels = list(per_category)
-    cats = sorted({c for v in per_category.values() for c in v})
-    width = 0.8 / max(len(labels), 1)
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.3 * len(cats)), 3.6))
-    for i, label in enumerate(labels):
-        values = [per_category[label].get(c, {}).get(metric, 0.0) for c in cats]
-        ax.bar([x + i * width for x in range(len(cats))], values, width, label=label)
-    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))], cats, rotation=20)
-    ax.set_ylim(0, 1.22)  # room above the bars for the legend
-    ax.set_ylabel(metric)
-    ax.set_title(f"{metric} per category")
-    ax.legend(loc="upper left", ncol=len(labels))
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    values = {label: {c: {"value": v.get(metric, 0.0), "low": None, "high": None} for c, v in cats.items()}
+              for label, cats in per_category.items()}
+    return category_bars_ci(values, metric, path, title=f"{metric} per category")
 
 
 def split_distribution(counts: dict[str, dict[str, int]], path: Path | None = None) -> Any:
@@ -116,4 +105,91 @@ def memory_breakdown(estimates: list[dict[str, Any]], measured: list[float | Non
     ax.legend(fontsize=7, loc="upper left")
     ax.set_ylim(0, max(max(e["peak_bytes"] for e in estimates), max((m or 0) for m in measured)) / gib * 1.45)
     ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def loss_curves(histories: dict[str, list[dict[str, Any]]], path: Path | None = None) -> Any:
+    """Training loss (solid) and validation loss (dashed, same colour) of several runs, overlaid.
+
+    Args:
+        histories: {run label: log_history rows}.
+        path: where to save the PNG.
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    for i, (label, history) in enumerate(histories.items()):
+        colour = f"C{i % 10}"
+        train = [(r["step"], r["loss"]) for r in history if "loss" in r]
+        evals = [(r["step"], r["eval_loss"]) for r in history if "eval_loss" in r]
+        if train:
+            ax.plot(*zip(*train), color=colour, label=f"{label} · train")
+        if evals:
+            ax.plot(*zip(*evals), color=colour, linestyle="--", marker="o", label=f"{label} · validation")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("loss (completion tokens)")
+    ax.set_title("loss curves of the experiment's runs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def category_bars_ci(values: dict[str, dict[str, dict[str, float | None]]], metric: str, path: Path | None = None,
+                     title: str | None = None) -> Any:
+    """Grouped bars of one metric per category with bootstrap intervals as error bars (none where low/high are None).
+
+    Args:
+        values: {model label: {category: {"value", "low", "high"}}}.
+        metric: the metric's name (axis label).
+        path: where to save the PNG.
+        title: the title (default: the metric with "95% bootstrap intervals").
+    """
+    labels = list(values)
+    cats = sorted({c for v in values.values() for c in v})
+    width = 0.8 / max(len(labels), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * len(cats)), 3.8))
+    for i, label in enumerate(labels):
+        leaves = [values[label].get(c) or {"value": None, "low": None, "high": None} for c in cats]
+        heights = [leaf["value"] or 0.0 for leaf in leaves]
+        low = [h - (leaf["low"] if leaf["low"] is not None else h) for h, leaf in zip(heights, leaves)]
+        high = [(leaf["high"] if leaf["high"] is not None else h) - h for h, leaf in zip(heights, leaves)]
+        has_intervals = any(leaf["low"] is not None for leaf in leaves)
+        ax.bar([x + i * width for x in range(len(cats))], heights, width, yerr=[low, high] if has_intervals else None,
+               capsize=3, label=label)
+    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))], cats, rotation=20)
+    ax.set_ylim(0, 1.3)
+    ax.set_ylabel(metric)
+    ax.set_title(title or f"{metric} per category (bars: 95% bootstrap intervals)")
+    ax.legend(loc="upper left", ncol=min(len(labels), 3), fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
+
+
+def confusion_matrices(named: dict[str, list[dict[str, Any]]], path: Path | None = None) -> Any:
+    """One confusion matrix (reference category × predicted category) per model.
+
+    Args:
+        named: {model label: scored predictions with `category` and `predicted_category`}.
+        path: where to save the PNG.
+    """
+    import numpy as np
+
+    from labkit.metrics import _norm
+
+    gold_labels = sorted({_norm(r["category"]) for rows in named.values() for r in rows})
+    predicted = sorted({r["predicted_category"] for rows in named.values() for r in rows} - set(gold_labels))
+    columns = gold_labels + predicted  # answers outside the categories (or no answer) get their own columns
+    fig, axes = plt.subplots(1, len(named), figsize=(3.2 * len(named) + 1.5, 3.2 + 0.25 * len(gold_labels)), squeeze=False)
+    for ax, (label, rows) in zip(axes[0], named.items()):
+        counts = np.zeros((len(gold_labels), len(columns)), dtype=int)
+        for r in rows:
+            counts[gold_labels.index(_norm(r["category"])), columns.index(r["predicted_category"])] += 1
+        ax.imshow(counts, cmap="Blues")
+        for (i, j), value in np.ndenumerate(counts):
+            if value:
+                ax.text(j, i, str(value), ha="center", va="center", fontsize=7,
+                        color="white" if value > counts.max() / 2 else "black")
+        ax.set_xticks(range(len(columns)), columns, rotation=60, fontsize=7)
+        ax.set_yticks(range(len(gold_labels)), gold_labels, fontsize=7)
+        ax.set_xlabel("predicted")
+        ax.set_title(label, fontsize=8)
+    axes[0][0].set_ylabel("reference")
     return _save(fig, path)

@@ -144,6 +144,7 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
         raise KeyboardInterrupt(str(exc)) from None
     except StageFailed as exc:
         R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
+        refresh_report(run, log)
         raise
     except KeyboardInterrupt:
         R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
@@ -157,6 +158,23 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
              summary=summary)
     log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
+    refresh_report(run, log)
+
+
+def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> None:
+    """Rebuild the experiment's HTML report after a run changed (a failure to do so never fails the run).
+
+    LABKIT_REPORT=0 skips it (`labkit compare EXPERIMENT` builds it on demand).
+    """
+    if os.environ.get("LABKIT_REPORT") == "0":
+        return
+    try:
+        from labkit.report import build_report
+
+        log(f"experiment report: {build_report(run.root, run.experiment)}")
+    except Exception as exc:  # noqa: BLE001 - the run's own results are already recorded
+        log(f"labkit: the experiment report was not refreshed ({type(exc).__name__}: {exc}); "
+            f"`labkit compare {run.experiment}` retries")
 
 
 def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,

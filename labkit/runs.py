@@ -20,6 +20,8 @@ from typing import Any
 
 from labkit.cards import LoadedCard, dump_yaml
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 STAGES = ("baseline", "preprocessing", "parameter_check", "training", "comparison")
 NOTEBOOKS = {stage: f"{i:02d}_{stage}.ipynb" for i, stage in enumerate(STAGES, 1)}
 
@@ -33,6 +35,7 @@ def write_atomic(path: Path, text: str) -> None:
     """Write a file via a temporary file and rename, so readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; run files are shared like any other file
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(tmp, path)
@@ -115,6 +118,9 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch") -> Run:
     Returns:
         the Run.
     """
+    from labkit.experiment import check_protocol
+
+    check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
     card = loaded.card
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     base = f"{card.experiment.variant}-{stamp}-{loaded.hash}"

@@ -22,6 +22,7 @@ def _isolated(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
     os.environ["HF_DATASETS_OFFLINE"] = "1"
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["LABKIT_REPORT"] = "0"  # the experiment report is built by the tests that check it (test_experiment)
 
 
 @pytest.fixture
