@@ -96,7 +96,10 @@ def _reference(protocols: dict[str, dict[str, Any]]) -> str | None:
     return None
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """JSON lines of a run file ([] when the file does not exist)."""
+    if not path.exists():
+        return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
@@ -158,6 +161,7 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
     protocols = {r["run_id"]: run_protocol(r["dir"]) for r in rows if r["status"] == "completed" and r["has_results"]}
     reference = _reference(protocols)
     ref_protocol = protocols.get(reference) if reference else None
+    ref_card = _load_card(root, experiment, reference) if reference else None
     for row in rows:
         row["dir"], folder = str(row["dir"]), Path(row["dir"])
         if not row["has_results"] or not (folder / "card.yaml").exists():
@@ -165,15 +169,16 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         card = yaml.safe_load((folder / "card.yaml").read_text(encoding="utf-8"))
         primary = card["experiment"]["target"]["primary_metric"]
         names = [primary] + [g["metric"] for g in card["experiment"].get("guardrails") or []]
-        base_rows = _jsonl(folder / "baseline" / "baseline_predictions.jsonl")
-        tuned_rows = _jsonl(folder / "comparison" / "tuned_predictions.jsonl")
-        changes = protocol_changes(ref_protocol, run_protocol(folder)) if ref_protocol else {}
+        base_rows = read_jsonl(folder / "baseline" / "baseline_predictions.jsonl")
+        tuned_rows = read_jsonl(folder / "comparison" / "tuned_predictions.jsonl")
+        own = protocols.get(row["run_id"]) or run_protocol(folder)  # an invalid run is not among the protocols
+        changes = protocol_changes(ref_protocol, own) if ref_protocol else {}
         verdict = R.read_json(folder / "comparison" / "verdict.json")
         row.update({
             "hypothesis": card["experiment"]["hypothesis"], "primary_metric": primary,
             "min_improvement": card["experiment"]["target"]["min_improvement"],
             **_changed_against_parent(folder),
-            "against_reference": {k: v["card"] for k, v in card_diff(_load_card(root, experiment, reference), card).items()}
+            "against_reference": {k: v["card"] for k, v in card_diff(ref_card, card).items()}
             if reference and reference != row["run_id"] else {},
             "comparable": not changes, "protocol_changes": changes,
             "protocol_change_why": card["experiment"].get("protocol_change"),
@@ -210,9 +215,9 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
             flat.update({
                 "changed vs parent": ", ".join(f"{k}={v}" for k, v in (row.get("changed") or {}).items()) or "—",
                 "comparable": "yes" if row["comparable"] else "NO: " + ", ".join(row["protocol_changes"]),
-                metric + " (baseline)": _fmt(iv["baseline"]),
-                metric + " (tuned)": _fmt(iv["tuned"]),
-                "gain [95% CI]": _fmt(iv["diff"], signed=True),
+                metric + " (baseline)": fmt_interval(iv["baseline"]),
+                metric + " (tuned)": fmt_interval(iv["tuned"]),
+                "gain [95% CI]": fmt_interval(iv["diff"], signed=True),
                 "wins/losses/ties": "{wins}/{losses}/{ties}".format(**row["paired"]),
                 "confirmed": row["confirmed"],
                 "flags": "; ".join((row.get("concentration") or {}).get("flags", []) +
@@ -222,7 +227,7 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(leaf: dict[str, Any], signed: bool = False) -> str:
+def fmt_interval(leaf: dict[str, Any], signed: bool = False) -> str:
     if leaf["value"] is None:
         return "n/a"
     spec = "+.3f" if signed else ".3f"

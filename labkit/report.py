@@ -11,13 +11,12 @@ The folder is self-contained (relative links, images next to the page): zip it a
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 from typing import Any
 
 from labkit import plots
 from labkit import runs as R
-from labkit.experiment import compare_experiment, summary_rows
+from labkit.experiment import compare_experiment, fmt_interval, read_jsonl, summary_rows
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -66,10 +65,6 @@ def render_notebooks(run_dir: Path, out: Path) -> list[Path]:
     return pages
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line] if path.exists() else []
-
-
 def draw(comparison: dict[str, Any], out: Path) -> list[str]:
     """Draw the experiment's plots into `out`.
 
@@ -80,7 +75,7 @@ def draw(comparison: dict[str, Any], out: Path) -> list[str]:
         the PNG file names written.
     """
     runs = [r for r in comparison["runs"] if "intervals" in r]
-    histories = {f"{r['variant']} ({r['status']})": _jsonl(Path(r["dir"]) / "training" / "log_history.jsonl")
+    histories = {f"{r['variant']} ({r['status']})": read_jsonl(Path(r["dir"]) / "training" / "log_history.jsonl")
                  for r in comparison["runs"]}
     histories = {k: v for k, v in histories.items() if v}
     written = []
@@ -95,11 +90,11 @@ def draw(comparison: dict[str, Any], out: Path) -> list[str]:
             continue
         values = {"baseline": {c: v["baseline"] for c, v in next(iter(per_run.values())).items()}}
         values.update({name: {c: v["tuned"] for c, v in cats.items()} for name, cats in per_run.items()})
-        name = f"per_category_{metric}.png".replace("per_category_per_category", "per_category")
+        name = f"{metric}.png" if metric.startswith("per_category") else f"per_category_{metric}.png"
         plots.category_bars_ci(values, "f1" if metric == "per_category_f1" else metric, out / name)
         written.append(name)
-    named = {"baseline": _jsonl(Path(runs[0]["dir"]) / "baseline" / "baseline_predictions.jsonl")}
-    named.update({r["variant"]: _jsonl(Path(r["dir"]) / "comparison" / "tuned_predictions.jsonl") for r in runs})
+    named = {"baseline": read_jsonl(Path(runs[0]["dir"]) / "baseline" / "baseline_predictions.jsonl")}
+    named.update({r["variant"]: read_jsonl(Path(r["dir"]) / "comparison" / "tuned_predictions.jsonl") for r in runs})
     if all(rows and "predicted_category" in rows[0] and rows[0].get("category") is not None for rows in named.values()):
         plots.confusion_matrices(named, out / "confusion_matrices.png")
         written.append("confusion_matrices.png")
@@ -124,11 +119,11 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         parts.append(f"<p class=\"bad\">Not comparable: protocol keys differ from the reference run ({html.escape(changes)}). "
                      f"Why: {html.escape(why)}</p>")
     iv = row["intervals"]
-    lines = [{"metric": m, "baseline": _leaf(v["baseline"]), "tuned": _leaf(v["tuned"]), "difference": _leaf(v["diff"], True)}
-             for m, v in iv["overall"].items()]
+    lines = [{"metric": m, "baseline": fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
+              "difference": fmt_interval(v["diff"], True)} for m, v in iv["overall"].items()]
     for metric, cats in iv["per_category"].items():
-        lines += [{"metric": f"{metric}[{c}]", "baseline": _leaf(v["baseline"]), "tuned": _leaf(v["tuned"]),
-                   "difference": _leaf(v["diff"], True)} for c, v in cats.items()]
+        lines += [{"metric": f"{metric}[{c}]", "baseline": fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
+                   "difference": fmt_interval(v["diff"], True)} for c, v in cats.items()]
     parts.append(f"<p>{int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} resamples of the "
                  f"{iv['n']} evaluation examples):</p>" + _table(lines))
     flags = (row.get("concentration") or {}).get("flags") or []
@@ -136,12 +131,6 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         m=html.escape(row["primary_metric"]), w=row["paired"]["wins"], l=row["paired"]["losses"], t=row["paired"]["ties"],
         f=html.escape("Flags: " + "; ".join(flags) if flags else "The gain is not concentrated in a few examples or one category.")))
     return "\n".join(parts)
-
-
-def _leaf(leaf: dict[str, Any], signed: bool = False) -> str:
-    from labkit.experiment import _fmt
-
-    return _fmt(leaf, signed)
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
