@@ -30,7 +30,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     from labkit.cards import load_card
     from labkit.config import Full, Lora, Qlora
     from labkit.loading import load_model, load_tokenizer, pick_device
-    from labkit.measure import measure_step
+    from labkit.measure import loss_fraction, measure_step
     from labkit.memory import estimate_step
     from labkit.method import apply_method
     from labkit.models import resolve
@@ -45,9 +45,10 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     resolved = resolve(card.model.source, card.model.revision, base=CARD.parent)
     from transformers import AutoConfig
 
-    estimate = estimate_step(AutoConfig.from_pretrained(resolved.location), card, seq_len, device=device)
     tokenizer = load_tokenizer(resolved, card)
     rows = D.map_fields(card, D.load_source(card)[0])[:200]
+    estimate = estimate_step(AutoConfig.from_pretrained(resolved.location), card, seq_len, device=device,
+                             loss_fraction=loss_fraction(tokenizer, card, rows))
     model = apply_method(load_model(resolved, card, device), card)
     weights = loaded_bytes(model)
     result = measure_step(card, model, tokenizer, rows, seq_len, Path(tempfile.mkdtemp()), device=device)

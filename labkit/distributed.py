@@ -6,7 +6,9 @@
   original parameters, so LoRA works, and the full state dict is gathered for saving.
 
 On a machine without GPUs the processes are CPU processes talking over gloo (accelerate's multi-GPU
-launcher starts them; the trainer's `use_cpu` puts them on the CPU).
+launcher starts them; the trainer's `use_cpu` puts them on the CPU). FSDP is refused there: accelerate
+1.15 gives CPU processes DistributedDataParallel even when an FSDP plugin is passed (checked with
+2 processes on this machine), so a "sharded" run would silently be a replicated one.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def accelerate_config(card: Card, device: str) -> str:
     d = card.distributed
     if d.launcher != "accelerate":
         raise ValueError("distributed.launcher is none: nothing to launch")
+    if d.strategy == "fsdp" and device != "cuda":
+        # accelerate 1.15 switches to FSDP only for GPU-like process groups; CPU processes (gloo) get
+        # DistributedDataParallel instead, silently — every process would hold the whole model
+        raise ValueError(f"distributed.strategy: fsdp needs CUDA GPUs (this machine trains on {device}): accelerate "
+                         "wraps CPU processes in DDP, not FSDP, so nothing would be sharded; use strategy: ddp here")
     precision = card.train.precision
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no") if device == "cuda" else "no"
     config: dict[str, Any] = {

@@ -179,6 +179,23 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
     return datasets.Dataset.from_list(examples)
 
 
+def loss_fraction(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> float:
+    """The share of training tokens that carry a loss (completion tokens / all tokens), for the memory estimate.
+
+    Args:
+        tokenizer: the tokenizer.
+        card: the card (prompt, max_length).
+        rows: prepared training rows.
+    Returns:
+        a fraction in [0, 1] (1.0 when there are no rows: the upper bound).
+    """
+    from labkit.prompting import encode_rows
+
+    encoded = encode_rows(tokenizer, card, rows)
+    tokens = sum(len(e.input_ids) for e in encoded)
+    return sum(sum(1 for x in e.labels if x != -100) for e in encoded) / tokens if tokens else 1.0
+
+
 class _StepTimer:
     def __init__(self) -> None:
         self.seconds: list[float] = []

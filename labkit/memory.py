@@ -4,7 +4,8 @@ The model is built on PyTorch's `meta` device from its config (no weights, no me
 card's method is applied to it, so parameter counts, trainable sets and dtypes are exact. The
 activation term counts, per decoder layer and per token, the tensors autograd keeps for the
 backward pass of a Llama-style block (RMSNorm, rotary attention through SDPA, gated MLP); the loss
-term follows the loss implementation the trainer uses (TRL's chunked "fused" LM head). Each term
+term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
+on the CPU labkit's head over the positions that carry a loss (`labkit.loss_head`). Each term
 is explained in the notebook of stage 03 and checked against a measurement there and in
 `bench/memory.py`.
 """
@@ -20,10 +21,8 @@ from labkit.config import Card
 GIB = 1024**3
 TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE (TRL 1.16)
 VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE (TRL 1.16)
-# Live tile-sized buffers while TRL's fused head folds one tile, counted from its code paths:
-# Triton (CUDA) works in place on the one projection tile; the torch fallback (CPU) holds the tile
-# and its elementwise temporaries (z, exp, masks; the gradient formula in the backward).
-TILES = {"triton": (1.0, 1.0), "torch": (4.25, 8.25)}
+# Live tile-sized buffers while TRL's fused head (Triton, CUDA) folds one tile: it works in place on it.
+TILES = (1.0, 1.0)
 OPTIMIZERS = {  # bytes of state per trainable parameter, and the Trainer's `optim` name
     "adamw": (8.0, "adamw_torch_fused"),
     "adamw_8bit": (2.0, "adamw_bnb_8bit"),
@@ -177,7 +176,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
 
 def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
                   checkpointing: bool | None = None, optimizer: str | None = None, padded: bool = True,
-                  params: dict[str, Any] | None = None) -> dict[str, Any]:
+                  params: dict[str, Any] | None = None, loss_fraction: float = 1.0) -> dict[str, Any]:
     """Estimate the peak memory of one complete training step (forward, loss, backward, optimiser update).
 
     Args:
@@ -190,6 +189,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         optimizer: one of OPTIMIZERS (default: the card's).
         padded: whether the batch carries padding.
         params: `parameter_bytes` of the card's meta model, when already computed (it does not depend on the batch).
+        loss_fraction: the share of positions that carry a loss (completion tokens / tokens, from the data; 1.0 is
+            the upper bound). On the CPU the loss head's logits cover only those positions.
     Returns:
         {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases", ...}.
     """
@@ -209,15 +210,21 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
     saved = saved_ckpt if ckpt else saved_plain
     n = b * (seq_len - 1)
-    tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
-    fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
-    grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient accumulator
+    grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
+    if device == "cuda":  # TRL's Triton head: tile-sized buffers, never the logits
+        tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
+        head_fwd, head_bwd = TILES[0] * tile, TILES[1] * tile
+    else:  # labkit's head: logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
+        logits = math.ceil(n * min(max(loss_fraction, 0.0), 1.0)) * shape.vocab
+        copy = 0 if act_bytes == 4 else 4 * logits
+        head_fwd = logits * act_bytes + copy + 4 * logits
+        head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
     head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
     grads = params["trainable_bytes"]
     opt_states = optimiser_bytes(params, optim)
     activations = saved + head_saved
-    head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile + grad_hidden + head_grad
+    head_bwd += grad_hidden + head_grad
     phases = {"end of forward": activations + head_fwd, "start of backward (loss head)": activations + head_bwd,
               "optimiser update": grads}
     if ckpt:
@@ -233,7 +240,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     alternatives["activations, no checkpointing"] = saved_plain + head_saved
     alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
     return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": device,
-            "alternatives": alternatives,
+            "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
             "breakdown": breakdown, "phases": phases, "weights_bytes": weights, "step_bytes": step,
@@ -267,8 +274,13 @@ def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = 
             "prefill_bytes": prefill, "peak_bytes": (weights_bytes or 0) + kv_cache + logits + prefill}
 
 
-def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str = "cpu") -> dict[str, Any]:
+def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str = "cpu",
+                loss_fraction: float = 1.0) -> dict[str, Any]:
     """Does a step fit in `free_bytes`? If not, the largest micro-batch that does, with and without checkpointing.
+
+    Args:
+        config, card, seq_len, device, loss_fraction: as for `estimate_step`.
+        free_bytes: memory available to the step and the weights.
 
     Returns:
         {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
@@ -277,7 +289,7 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
 
     dtype_bytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
     params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
-    est = estimate_step(config, card, seq_len, device=device, params=params)
+    est = estimate_step(config, card, seq_len, device=device, params=params, loss_fraction=loss_fraction)
     if est["peak_bytes"] <= free_bytes:
         spare = free_bytes - est["peak_bytes"]
         return {"fits": True, "spare_bytes": spare, "options": [],
@@ -286,7 +298,7 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
     for ckpt in (False, True):
         for mb in range(est["micro_batch"], 0, -1):
             peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
-                                 params=params)["peak_bytes"]
+                                 params=params, loss_fraction=loss_fraction)["peak_bytes"]
             if peak <= free_bytes:
                 options.append({"micro_batch": mb, "checkpointing": ckpt, "peak_bytes": peak})
                 break

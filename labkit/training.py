@@ -80,10 +80,11 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
             (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
         overrides: SFTConfig fields to override (e.g. max_steps=2 for the update check).
     Returns:
-        a trl.SFTTrainer.
+        a trl.SFTTrainer (labkit's `CompletionSFTTrainer`: the loss scores the completion positions only).
     """
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
+    from labkit.loss_head import CompletionSFTTrainer
     from labkit.memory import OPTIMIZERS
     from labkit.resilience import Interruption
 
@@ -137,7 +138,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
 
         collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
                                   if next(model.parameters()).is_floating_point() else None)
-    trainer = SFTTrainer(
+    trainer = CompletionSFTTrainer(
         model=model, args=SFTConfig(**config), train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)

@@ -56,6 +56,8 @@ def test_fsdp_config_and_card_rules(tmp_path: Path) -> None:
     card.distributed.strategy = "fsdp"
     fsdp = yaml.safe_load(accelerate_config(card, "cuda"))
     assert fsdp["distributed_type"] == "FSDP" and fsdp["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    with pytest.raises(ValueError, match=r"strategy: fsdp needs CUDA GPUs .*use strategy: ddp"):
+        accelerate_config(card, "cpu")  # accelerate would wrap CPU processes in DDP: nothing sharded
     bad = tmp_path / "bad.yaml"
     bad.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\ndistributed: {{num_processes: 2}}\n")
     with pytest.raises(CardError, match=r"bad.yaml.*distributed.*num_processes > 1 needs launcher: accelerate"):

@@ -28,19 +28,22 @@ def _examples(card, tiny_model, n: int = 6) -> list[dict]:
     return [{"input_ids": e.input_ids, "labels": e.labels} for e in encode_rows(load_tokenizer(tiny_model, card), card, rows)]
 
 
-def test_pack_fills_rows_in_order_and_restarts_positions() -> None:
+def test_pack_fills_rows_best_fit_and_restarts_positions() -> None:
     examples = [{"input_ids": [i] * n, "labels": [-100] + [i] * (n - 1)} for i, n in enumerate([5, 4, 3, 6, 2], 1)]
     rows = pack(examples, max_length=10)
-    assert [r["input_ids"] for r in rows] == [[1] * 5 + [2] * 4, [3] * 3 + [4] * 6, [5] * 2]
-    assert rows[0]["position_ids"] == list(range(5)) + list(range(4))
-    assert segments(rows[1]["position_ids"]) == [(0, 3), (3, 9)]
-    batch = PackedCollator(pad_token_id=0)(rows[1:])  # rows of 9 and 2 tokens
+    # best fit decreasing: 20 tokens in 2 full rows (filling in data order would need 3)
+    assert [r["input_ids"] for r in rows] == [[4] * 6 + [2] * 4, [1] * 5 + [3] * 3 + [5] * 2]
+    assert rows[0]["position_ids"] == list(range(6)) + list(range(4))
+    assert rows[0]["labels"] == [-100] + [4] * 5 + [-100] + [2] * 3  # each example keeps its own labels
+    assert segments(rows[1]["position_ids"]) == [(0, 5), (5, 8), (8, 10)]
+    rows = pack(examples[:4], max_length=10)  # rows of 10 (4+6) and 8 (5+3) tokens
+    batch = PackedCollator(pad_token_id=0)(rows)
     mask = batch["attention_mask"][0, 0] == 0  # allowed positions
-    assert mask[4, 3] and mask[4, 4] and not mask[4, 2] and not mask[4, 5]  # causal inside an example, never across
-    assert batch["position_ids"][0].tolist() == [0, 1, 2, 0, 1, 2, 3, 4, 5]
-    assert batch["input_ids"][1].tolist() == [5, 5] + [0] * 7 and (batch["labels"][1, 2:] == -100).all()  # padding
+    assert mask[5, 4] and mask[5, 5] and not mask[5, 6] and mask[7, 6] and not mask[7, 5]  # never across examples
+    assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
+    assert batch["input_ids"][1].tolist() == [1] * 5 + [3] * 3 + [0] * 2 and (batch["labels"][1, 8:] == -100).all()
     padded = batch["attention_mask"][1, 0] == 0
-    assert padded[5].tolist() == [i == 5 for i in range(9)]  # a padding position attends to itself only
+    assert padded[9].tolist() == [i == 9 for i in range(10)]  # a padding position attends to itself only
 
 
 def test_each_example_has_the_same_loss_packed_and_alone(card, tiny_model) -> None:
