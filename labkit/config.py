@@ -83,6 +83,9 @@ class Fields(Strict):
     target: str = "answer"
     category: str | None = "category"
     id: str | None = "id"
+    rejected: str | None = Field(
+        default=None, description="column of the rejected answer: preference pairs for train.trainer dpo/orpo (the "
+        "target is the chosen answer, which evaluation still compares against)")
 
 
 class TargetFormat(Strict):
@@ -231,7 +234,13 @@ class EarlyStopping(Strict):
 
 
 class Train(Strict):
-    trainer: Literal["sft"] = "sft"
+    trainer: Literal["sft", "dpo", "orpo"] = Field(
+        default="sft", description="sft: TRL's SFTTrainer, loss on the answer; dpo / orpo: TRL's DPOTrainer / ORPOTrainer "
+        "on preference pairs (data.fields.rejected), see labkit.preference")
+    beta: float | None = Field(
+        default=None, gt=0, description="dpo: β, how far the policy may move from the reference model (larger: closer); "
+        "orpo: λ, the weight of the odds-ratio term next to the NLL term; both are TRL's `beta`, default 0.1 (TRL's "
+        "default); sft cards leave it out")
     seed: int = 42
     epochs: float | None = Field(default=1.0, gt=0)
     max_steps: int | None = Field(default=None, gt=0, description="overrides epochs when set")
@@ -309,6 +318,29 @@ class Card(Strict):
     distributed: Distributed = Field(default_factory=Distributed)
     budget: Budget = Field(default_factory=Budget)
     notes: str | None = Field(default=None, description="free text kept with the run")
+
+    @model_validator(mode="after")
+    def _trainer_fits(self) -> "Card":
+        t = self.train
+        if t.trainer == "sft":
+            if t.beta is not None:
+                raise ValueError("train.beta: applies to train.trainer dpo or orpo only; remove it from this sft card")
+            return self
+        if self.data.fields.rejected is None:
+            raise ValueError(f"data.fields.rejected: train.trainer {t.trainer} trains on preference pairs; set "
+                             "data.fields.rejected to the column holding the rejected answer (data.fields.target is the "
+                             "chosen one), or use train.trainer: sft")
+        if t.packing:
+            raise ValueError(f"train.packing: packing does not apply to preference pairs (train.trainer {t.trainer}); "
+                             "set train.packing: false")
+        if t.trainer == "orpo" and t.grad_accum > 1:
+            raise ValueError("train.grad_accum: TRL's ORPOTrainer averages its NLL term over each micro-batch's tokens, "
+                             "so accumulated micro-batches do not give one large batch's gradients (stage 03 measures "
+                             "the difference); use grad_accum: 1 and a larger micro_batch")
+        if t.loss_normalisation != "tokens":
+            raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
+                             "normalises its own loss); remove it from this card")
+        return self
 
     @model_validator(mode="after")
     def _metrics_known(self) -> "Card":

@@ -1,7 +1,8 @@
 """Data sources, field mapping, cleaning rules and the seeded, stratified split.
 
-Rows flow as plain dicts {"id", "input", "target", "category"}; the file, line or row that a
-problem comes from is named in a one-line `DataError`.
+Rows flow as plain dicts {"id", "input", "target", "category"} (plus "rejected" when the card maps
+preference pairs, data.fields.rejected); the file, line or row that a problem comes from is named in
+a one-line `DataError`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ class DataError(ValueError):
 def sha256_text(text: str) -> str:
     """Hex sha256 of a string."""
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_sha256(rows: list[dict[str, Any]]) -> str:
+    """The sha256 of a prepared split as the data version counts it: every field but the rejected answer.
+
+    The rejected answers are hashed apart (the manifest's `preference` block), so a preference variant
+    and an SFT variant of the same rows share one data version and one cached baseline; for rows without
+    a rejected answer this is `rows_hash`.
+    """
+    return rows_hash([{k: v for k, v in row.items() if k != "rejected"} for row in rows])
 
 
 def rows_hash(rows: list[dict[str, Any]]) -> str:
@@ -103,7 +114,7 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
     from labkit.tickets import generate_tickets
 
-    rows, planted = generate_tickets(rows=source.rows, seed=source.seed)
+    rows, planted = generate_tickets(rows=source.rows, seed=source.seed, preference=True)
     for number, row in enumerate(rows, 1):
         row["__where__"] = f"builtin:tickets row {number}"
     return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
@@ -121,20 +132,33 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _same_answer(a: str, b: str) -> bool:
+    """Whether two answers are the same: equal text, or equal JSON values (formatting aside)."""
+    if a.strip() == b.strip():
+        return True
+    try:
+        return json.loads(a) == json.loads(b)
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+
 def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Map raw columns to {"id", "input", "target", "category"} following data.fields.
+    """Map raw columns to {"id", "input", "target", "category"} following data.fields (and "rejected"
+    when data.fields.rejected names the rejected answer of a preference pair).
 
     Raises:
-        DataError: a mapped field is missing or not text, naming the row and the card key.
+        DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
+            naming the row and the card key.
     """
     fields = card.data.fields
     if not raw:
         raise DataError("data.source: the source has no rows")
+    keys = ("input", "target", "category") + (("rejected",) if fields.rejected else ())
     out, seen = [], set()
     for number, row in enumerate(raw):
         where = row.get("__where__", f"row {number + 1}")
         mapped: dict[str, Any] = {}
-        for key in ("input", "target", "category"):
+        for key in keys:
             column = getattr(fields, key)
             if column is None:
                 mapped[key] = None
@@ -148,6 +172,10 @@ def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):
                 raise DataError(f"{where}: field {column!r} must be text, got {type(value).__name__}")
             mapped[key] = str(value) if value is not None else value
+        if fields.rejected and mapped["target"].strip() and _same_answer(mapped["target"], mapped["rejected"]):
+            raise DataError(f"{where}: the rejected answer ({fields.rejected!r}, data.fields.rejected) equals the chosen "
+                            f"answer ({fields.target!r}, data.fields.target): a preference pair needs two different "
+                            "answers; fix or remove the row")
         split_field = card.data.split.field
         if split_field:
             value = str(row.get(split_field, "")).strip().lower()
@@ -196,7 +224,8 @@ def apply_cleaning(card: Card, rows: list[dict[str, Any]],
                 new_rows.append({**row, "input": text})
             rows = new_rows
         elif name == "drop_empty":
-            removed = [r["id"] for r in rows if not r["input"].strip() or not r["target"].strip()]
+            removed = [r["id"] for r in rows if not r["input"].strip() or not r["target"].strip()
+                       or ("rejected" in r and not r["rejected"].strip())]
         elif name == "drop_longer_than_chars":
             removed = [r["id"] for r in rows if len(r["input"]) > value]
         elif name == "drop_longer_than_tokens":
@@ -226,9 +255,10 @@ def apply_cleaning(card: Card, rows: list[dict[str, Any]],
     if not rows:
         raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
     for row in rows:
-        for key in ("input", "target"):
-            if not row[key].strip():
-                raise DataError(f"row id {row['id']!r}: the {key} is empty or whitespace only after cleaning "
+        for key in ("input", "target", "rejected"):
+            if key in row and not row[key].strip():
+                what = "rejected answer (data.fields.rejected)" if key == "rejected" else key
+                raise DataError(f"row id {row['id']!r}: the {what} is empty or whitespace only after cleaning "
                                 "(add drop_empty to data.cleaning, or fix the row)")
     return rows, report
 

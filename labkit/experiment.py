@@ -29,16 +29,20 @@ def card_protocol(card: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_protocol(run_dir: Path) -> dict[str, Any]:
-    """The protocol of a run: its card's fixed keys and the data version it actually prepared."""
+    """The protocol of a run: its card's fixed keys, the data version it actually prepared and, for preference
+    pairs, the version of their rejected answers (None for an sft run: not compared, see `protocol_changes`)."""
     card = yaml.safe_load((run_dir / "card.yaml").read_text(encoding="utf-8"))
     manifest = run_dir / "data_manifest.json"
-    version = R.read_json(manifest)["data_version"] if manifest.exists() else None
-    return {**card_protocol(card), "data_version": version}
+    data = R.read_json(manifest) if manifest.exists() else {}
+    return {**card_protocol(card), "data_version": data.get("data_version"),
+            "preference_version": (data.get("preference") or {}).get("version")}
 
 
 # where a data file lives is not part of the protocol (another checkout, another path); its content is, through
-# the data version that stage 01 records
-NOT_PROTOCOL = ("data.source.path",)
+# the data version that stage 01 records. The rejected answers of preference pairs are the method's extra training
+# signal, like the method itself: a dpo/orpo variant evaluates on the same rows as its sft siblings (their data
+# version leaves the rejected answers out), and two preference runs are compared on their preference_version.
+NOT_PROTOCOL = ("data.source.path", "data.fields.rejected")
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +198,7 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
     from labkit.final import openings
 
     return {"experiment": experiment, "generated": R.utc_now(), "reference": reference,
-            "reference_protocol": ref_protocol, "protocol_keys": [*PROTOCOL_KEYS, "data_version"],
+            "reference_protocol": ref_protocol, "protocol_keys": [*PROTOCOL_KEYS, "data_version", "preference_version"],
             "bootstrap": {"resamples": resamples, "level": level, "seed": seed}, "runs": rows,
             "test_openings": openings(root, experiment)}
 

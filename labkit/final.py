@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from labkit import runs as R
-from labkit.data import DataError, file_sha256, rows_hash
+from labkit.data import DataError, file_sha256, split_sha256
 
 FILES = ("baseline_predictions.jsonl", "tuned_predictions.jsonl", "baseline_metrics.json", "tuned_metrics.json",
          "verdict.json", "opening.json")
@@ -70,7 +70,7 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None) -> list[dict[s
                         "the test rows cannot be checked: start a new run")
     card = card if card is not None else load_card(run.card_path).card
     rows = derive_splits(card, tokenizer).splits["test"]
-    got = rows_hash(rows)
+    got = split_sha256(rows)
     if got != expected:
         recorded = manifest["split"].get("sizes", {}).get("test", "?")
         raise DataError(f"{run.dir / 'data_manifest.json'}: split.sha256.test is {expected[:12]}… ({recorded} rows) but the "

@@ -39,13 +39,21 @@ def length_stats(card: Card, encoded: dict[str, list[Encoded]]) -> dict[str, Any
 def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
     """Encode every split as training does and run the template/mask checks on each.
 
+    For dpo/orpo cards every row is a preference pair (`labkit.preference.EncodedPair`): both sequences
+    are checked, and the two answers must differ.
+
     Returns:
         (encodings per split, check rows with split, check, ok, failed_ids, explanation).
     """
-    encoded = {name: encode_rows(tokenizer, card, rows) for name, rows in splits.items()}
+    encode, check_all = encode_rows, check_encoded
+    if card.train.trainer != "sft":
+        from labkit.preference import check_pairs, encode_pairs
+
+        encode, check_all = encode_pairs, check_pairs
+    encoded = {name: encode(tokenizer, card, rows) for name, rows in splits.items()}
     checks = []
     for name, rows in splits.items():
-        for check in check_encoded(tokenizer, rows, encoded[name]):
+        for check in check_all(tokenizer, rows, encoded[name]):
             checks.append({"split": name, **check, "failed": len(check["failed_ids"]),
                            "failed_ids": check["failed_ids"][:20]})
     return encoded, checks

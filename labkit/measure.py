@@ -158,9 +158,15 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
         count: number of examples.
         padded: make batches carry one padding position.
     Returns:
-        a datasets.Dataset with input_ids and labels.
+        a datasets.Dataset with input_ids and labels; for dpo/orpo cards, preference pairs whose chosen
+        sequence has `seq_len` tokens (`labkit.preference.fixed_length_pairs`).
     """
     import datasets
+
+    if card.train.trainer != "sft":
+        from labkit.preference import fixed_length_pairs
+
+        return fixed_length_pairs(tokenizer, card, rows, seq_len, count)
 
     from labkit.prompting import encode_rows
 

@@ -8,6 +8,11 @@ term follows the loss implementation the trainer uses: TRL's chunked "fused" LM 
 on the CPU labkit's head over the positions that carry a loss (`labkit.loss_head`). Each term
 is explained in the notebook of stage 03 and checked against a measurement there and in
 `bench/memory.py`.
+
+Preference trainers (train.trainer dpo/orpo) run the chosen and the rejected sequence of each pair in
+one forward, so a micro-batch of b pairs is 2b rows. DPO adds a reference forward without gradients
+(adapter off) after the policy's; ORPO has no fused head: it builds the full logits and a log-softmax
+of the chosen half, and their gradients.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ from labkit.config import Card
 GIB = 1024**3
 TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE (TRL 1.16)
 VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE (TRL 1.16)
-# Live tile-sized buffers while TRL's fused head (Triton, CUDA) folds one tile: it works in place on it.
-TILES = (1.0, 1.0)
+# Live tile-sized buffers while TRL's fused head folds one tile, counted from its code paths:
+# Triton (CUDA) works in place on the one projection tile; the torch fallback (CPU: the DPO trainer's
+# head there) holds the tile and its elementwise temporaries (z, exp, masks; the gradient formula).
+TILES = {"triton": (1.0, 1.0), "torch": (4.25, 8.25)}
 OPTIMIZERS = {  # bytes of state per trainable parameter, and the Trainer's `optim` name
     "adamw": (8.0, "adamw_torch_fused"),
     "adamw_8bit": (2.0, "adamw_bnb_8bit"),
@@ -183,7 +190,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         config: the base model's transformers config (nothing is loaded).
         card: the card (method, train.micro_batch, train.optimizer, train.gradient_checkpointing, model.dtype).
         seq_len: tokens per row.
-        micro_batch: rows per step (default: the card's).
+        micro_batch: examples per step (default: the card's); a preference pair is two rows.
         device: "cuda" (Triton loss kernels, bf16 when supported) or "cpu".
         checkpointing: activation checkpointing (default: the card's).
         optimizer: one of OPTIMIZERS (default: the card's).
@@ -203,30 +210,40 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     dtype = str(pick_dtype(card.model.dtype, device)).replace("torch.", "")
     act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
     params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
-    tokens = b * seq_len
+    rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
+    tokens = rows * seq_len
     per_layer = activation_units(shape, card, params, seq_len, padded)
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
     saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
     saved = saved_ckpt if ckpt else saved_plain
-    n = b * (seq_len - 1)
+    n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
-    if device == "cuda":  # TRL's Triton head: tile-sized buffers, never the logits
-        tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
-        head_fwd, head_bwd = TILES[0] * tile, TILES[1] * tile
-    else:  # labkit's head: logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
+    if card.train.trainer == "sft" and device != "cuda":
+        # labkit's head (CPU): logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
         logits = math.ceil(n * min(max(loss_fraction, 0.0), 1.0)) * shape.vocab
         copy = 0 if act_bytes == 4 else 4 * logits
         head_fwd = logits * act_bytes + copy + 4 * logits
         head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
+    else:  # TRL's chunked fused head: tile-sized buffers, never the logits
+        tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
+        fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
+        head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile
     head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
     grads = params["trainable_bytes"]
     opt_states = optimiser_bytes(params, optim)
     activations = saved + head_saved
     head_bwd += grad_hidden + head_grad
+    if card.train.trainer == "orpo":
+        # TRL's ORPO: the full logits of both halves, the chosen half's contiguous copy and log-softmax (its NLL term);
+        # in the backward the logits' gradient and one temporary of the same size
+        logits = tokens * shape.vocab * act_bytes
+        head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
     phases = {"end of forward": activations + head_fwd, "start of backward (loss head)": activations + head_bwd,
               "optimiser update": grads}
+    if card.train.trainer == "dpo":  # the reference forward (no gradients) while the policy's activations are kept
+        phases["reference forward (no grad)"] = activations + head_fwd + layer_bytes
     if ckpt:
         phases["backward of a recomputed layer"] = activations + layer_bytes + grad_hidden + head_grad
     step = opt_states + max(phases.values())
@@ -245,7 +262,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
             "breakdown": breakdown, "phases": phases, "weights_bytes": weights, "step_bytes": step,
             "peak_bytes": weights + step,
-            "unfused_logits_bytes": 3 * tokens * shape.vocab * 4}
+            "trainer": card.train.trainer, "rows": rows, "unfused_logits_bytes": 3 * tokens * shape.vocab * 4}
 
 
 def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = "cpu",

@@ -110,9 +110,10 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
     rows = D.map_fields(card, raw)
     lengths: dict[str, int] = {}
 
-    def token_length(row: dict[str, Any]) -> int:
+    def token_length(row: dict[str, Any]) -> int:  # a preference pair is as long as its longer answer
         if row["id"] not in lengths:
-            lengths[row["id"]] = encode_example(tokenizer, card, row["input"], row["target"]).full_len
+            answers = [row["target"]] + ([row["rejected"]] if "rejected" in row else [])
+            lengths[row["id"]] = max(encode_example(tokenizer, card, row["input"], a).full_len for a in answers)
         return lengths[row["id"]]
 
     rows, cleaning = D.apply_cleaning(card, rows, token_length)
@@ -144,7 +145,7 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
     tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows_)])
                  for name, rows_ in splits.items() if name != "test"}
-    split_hashes = {name: D.rows_hash(rows_) for name, rows_ in splits.items()}
+    split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
     version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
     manifest = {
         "data_version": version,
@@ -162,6 +163,10 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
         "labkit_version": labkit.__version__,
         "max_length": card.data.max_length,
     }
+    if card.data.fields.rejected:  # preference pairs: the rejected answers, versioned apart from the data version
+        from labkit.preference import preference_manifest
+
+        manifest["preference"] = preference_manifest(tokenizer, card, splits)
     for name, rows_ in splits.items():
         if name == "test":
             continue  # locked: re-derived and checked against split.sha256.test by `labkit final` only

@@ -120,9 +120,11 @@ def failures(update: dict[str, Any], accumulation: dict[str, Any], checkpointing
     """What stops the run here: a failed update, accumulation or checkpointing check, or a step that does not fit."""
     out = [f"update check: {p}" for p in update["problems"]]
     if not accumulation["ok"]:
+        fix = ("set train.loss_normalisation: tokens" if accumulation.get("trainer", "sft") == "sft" else
+               f"TRL's {accumulation['trainer']} loss should not depend on how a batch is split: report it")
         out.append(f"gradient accumulation ({accumulation['loss_normalisation']} normalisation): gradients differ "
                    f"by {accumulation['relative_difference']:.2e} from one batch of {accumulation['micro_batch'] * accumulation['accum']} "
-                   f"(tolerance {accumulation['tolerance']:.0e}); set train.loss_normalisation: tokens")
+                   f"(tolerance {accumulation['tolerance']:.0e}); {fix}")
     out += [f"activation checkpointing: {p}" for p in checkpointing["problems"]]
     if not verdict["fits"]:
         out.append(f"memory: {verdict['message']}")

@@ -6,6 +6,9 @@ The priority is learnable from cue phrases (:data:`PRIORITY_CUES`; medium rows
 have none). Generation is seeded and deterministic; ordinary rows are kept
 pairwise dissimilar (word 3-gram Jaccard < 0.5) and a few data problems are
 planted on purpose (exact/near duplicates, an empty row, an overlong row).
+With ``preference=True`` every row also gets a ``rejected`` answer: the same
+JSON shape with one field plausibly wrong (:func:`rejected_answer`), for DPO
+and ORPO on the quickstart data.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections import Counter
 from labkit import ticket_phrases as P
 from labkit.leakage import jaccard, normalise_text, shingles
 
-__all__ = ["CATEGORIES", "PRIORITIES", "PRODUCTS", "PRIORITY_CUES", "generate_tickets"]
+__all__ = ["CATEGORIES", "PRIORITIES", "PRODUCTS", "PRIORITY_CUES", "generate_tickets", "rejected_answer"]
 
 CATEGORIES: tuple[str, ...] = ("billing", "technical", "account", "shipping", "feedback")
 PRIORITIES: tuple[str, ...] = ("low", "medium", "high", "urgent")
@@ -203,17 +206,47 @@ def _planted_counts(rows: int) -> int:
     return max(3, round(rows * 3 / 400)) if rows >= 200 else max(1, rows // 70)
 
 
-def generate_tickets(rows: int = 400, seed: int = 7) -> tuple[list[dict], dict]:
+# which field a rejected answer gets wrong: the category and the priority are the usual confusions
+_WRONG_FIELD = {"category": 0.4, "priority": 0.4, "product": 0.2}
+
+
+def rejected_answer(answer: str, rng: random.Random) -> str:
+    """A plausible wrong answer: the same JSON object with one field wrong.
+
+    The category becomes another category, the priority a neighbouring level (low↔medium↔high↔urgent),
+    or the product another product; keys, their order and the formatting are kept, so the pair differs
+    only where the answer is wrong.
+
+    Args:
+        answer: a reference answer ``json.dumps({"category", "priority", "product"})``.
+        rng: the random source (seeded by the caller).
+    Returns:
+        the rejected answer, never equal to ``answer``.
+    """
+    obj = json.loads(answer)
+    field = rng.choices(list(_WRONG_FIELD), list(_WRONG_FIELD.values()))[0]
+    if field == "priority":
+        level = PRIORITIES.index(obj["priority"])
+        obj["priority"] = PRIORITIES[rng.choice([i for i in (level - 1, level + 1) if 0 <= i < len(PRIORITIES)])]
+    else:
+        pool = CATEGORIES if field == "category" else PRODUCTS
+        obj[field] = rng.choice([v for v in pool if v != obj[field]])
+    return json.dumps(obj)
+
+
+def generate_tickets(rows: int = 400, seed: int = 7, preference: bool = False) -> tuple[list[dict], dict]:
     """Generate the support-ticket dataset.
 
     Args:
         rows: Total rows, planted problem rows included (at least 10).
         seed: Seed for ``random.Random``; same (rows, seed) gives identical output.
+        preference: also give every row a ``rejected`` answer (:func:`rejected_answer`), drawn from
+            a second generator seeded by ``seed``, so the other columns are the same either way.
 
     Returns:
         ``(records, planted)``. Records are ``{"id", "text", "category",
         "answer"}`` with ``answer = json.dumps({"category", "priority",
-        "product"})``. ``planted`` maps ``"exact_duplicates"`` and
+        "product"})`` (and ``"rejected"`` with ``preference``). ``planted`` maps ``"exact_duplicates"`` and
         ``"near_duplicates"`` to ``[original_id, copy_id]`` pairs and
         ``"empty"`` / ``"overlong"`` to lists of ids.
     """
@@ -283,4 +316,8 @@ def generate_tickets(rows: int = 400, seed: int = 7) -> tuple[list[dict], dict]:
             planted[f"{kind}_duplicates"].append([ids[item["of"]], ids[j]])
         elif kind != "ordinary":
             planted[kind].append(ids[j])
+    if preference:
+        wrong = random.Random(f"tickets-rejected:{seed}")
+        for record in records:
+            record["rejected"] = rejected_answer(record["answer"], wrong)
     return records, planted

@@ -1,7 +1,8 @@
 """Training through TRL's SFTTrainer on labkit's own tokenisation (loss on the completion only).
 
 The dataset handed to TRL is already tokenised by `labkit.prompting` (input_ids + labels), so the
-tokens inspected in stage 02 are exactly the tokens trained on.
+tokens inspected in stage 02 are exactly the tokens trained on. Cards with `train.trainer: dpo | orpo`
+get TRL's DPOTrainer / ORPOTrainer from `labkit.preference`, with the same arguments and callbacks.
 """
 
 from __future__ import annotations
@@ -66,13 +67,14 @@ class BudgetCallback:
 def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, output_dir: Path,
                   eval_rows: list[dict[str, Any]] | None = None, device: str = "cpu", checkpoints: bool = False,
                   **overrides: Any) -> Any:
-    """Build the SFTTrainer that stage 04 trains with (stage 03 uses it for its update check).
+    """Build the trainer that stage 04 trains with (stage 03 uses it for its checks): SFT, or DPO/ORPO (train.trainer).
 
     Args:
         card: the card (train section).
         model: the model after `labkit.method.apply_method`.
         tokenizer: the tokenizer.
-        train_rows: prepared training rows, or an already tokenised datasets.Dataset (input_ids, labels).
+        train_rows: prepared training rows, or an already tokenised datasets.Dataset (input_ids, labels; for
+            dpo/orpo the columns of `labkit.preference.to_dataset`).
         output_dir: where the trainer writes.
         eval_rows: validation rows for the evaluation loss during training (optional).
         device: the device the model is on.
@@ -80,7 +82,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
             (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
         overrides: SFTConfig fields to override (e.g. max_steps=2 for the update check).
     Returns:
-        a trl.SFTTrainer (labkit's `CompletionSFTTrainer`: the loss scores the completion positions only).
+        a trl.SFTTrainer (labkit's `CompletionSFTTrainer`: on the CPU the loss projects only the completion
+            positions), or labkit.preference's DPO/ORPO trainer.
     """
     from trl import SFTConfig
 
@@ -131,6 +134,11 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
                                                early_stopping_threshold=stopping.min_delta))
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
+    if t.trainer != "sft":  # preference pairs: TRL's DPO/ORPO trainer with the same arguments and callbacks
+        from labkit.preference import preference_trainer
+
+        return _attach(preference_trainer(card, model, tokenizer, train_rows, eval_rows, config, callbacks),
+                       budget, interruption, checkpoints, t.logging_steps)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     collator = None
     if t.packing:  # labkit packs (packing.py): block-diagonal masks, so examples never attend to each other
@@ -142,13 +150,19 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         model=model, args=SFTConfig(**config), train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
-    trainer.labkit_budget = budget
-    trainer.labkit_interruption = interruption
-    if checkpoints:
-        _print_every(trainer, t.logging_steps)
+    _attach(trainer, budget, interruption, checkpoints, t.logging_steps)
     if t.loss_normalisation == "micro_batch_mean":
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
         trainer.model_accepts_loss_kwargs = False
+    return trainer
+
+
+def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints: bool, logging_steps: int) -> Any:
+    """What stage 04 reads from every trainer (budget, interruption) and the printing of every `logging_steps`."""
+    trainer.labkit_budget = budget
+    trainer.labkit_interruption = interruption
+    if checkpoints:
+        _print_every(trainer, logging_steps)
     return trainer
 
 
@@ -178,7 +192,9 @@ def _print_every(trainer: Any, every: int) -> None:
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:
     """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss", "learning_rate", …}."""
-    keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime")
+    keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime",
+            # dpo/orpo: is the chosen answer preferred, and by how much (TRL's names)
+            "rewards/accuracies", "rewards/margins", "eval_rewards/accuracies", "eval_rewards/margins")
     rows = []
     for entry in trainer.state.log_history:
         row = {k: entry[k] for k in keep if k in entry}
