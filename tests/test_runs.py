@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,15 @@ def test_locked_test_split(tmp_path: Path, loaded) -> None:
     run = R.new_run(loaded, tmp_path)
     with pytest.raises(PermissionError, match="locked"):
         load_split(run, "test")
+
+
+def test_importing_labkit_turns_hub_telemetry_off_unless_the_user_chose() -> None:
+    import subprocess
+    import sys
+
+    probe = "import labkit, huggingface_hub.constants as c; print(c.HF_HUB_DISABLE_TELEMETRY)"
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_TELEMETRY"}
+    off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    chosen = subprocess.run([sys.executable, "-c", probe], env={**env, "HF_HUB_DISABLE_TELEMETRY": "0"},
+                            capture_output=True, text=True, check=True)
+    assert off.stdout.strip() == "True" and chosen.stdout.strip() == "False"
