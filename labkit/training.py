@@ -74,7 +74,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         tokenizer: the tokenizer.
         train_rows: prepared training rows, or an already tokenised datasets.Dataset (input_ids, labels).
         output_dir: where the trainer writes.
-        eval_rows: validation rows for the evaluation loss during training (optional).
+        eval_rows: validation rows for the evaluation loss (and train.early_stopping's generation metric) during
+            training (optional).
         device: the device the model is on.
         checkpoints: write checkpoints every train.save_steps and at the end, and stop cleanly
             (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
@@ -102,8 +103,9 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                        "save_total_limit": t.save_total_limit}
     stopping = t.early_stopping if checkpoints and eval_rows else None
     if stopping:  # every evaluation is a checkpoint, so the best one can be restored at the end
-        save_kwargs.update(save_steps=eval_kwargs["eval_steps"], load_best_model_at_end=True,
-                           metric_for_best_model=stopping.metric, greater_is_better=False)
+        from labkit.early_stopping import trainer_arguments
+
+        save_kwargs.update(trainer_arguments(stopping, eval_kwargs["eval_steps"]))
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
@@ -124,11 +126,10 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     interruption = Interruption()
     if checkpoints:
         callbacks.append(interruption.callback())
-    if stopping:
-        from transformers import EarlyStoppingCallback
+    if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/early_stopping.py)
+        from labkit.early_stopping import callbacks as stopping_callbacks
 
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
-                                               early_stopping_threshold=stopping.min_delta))
+        callbacks += stopping_callbacks(card, tokenizer, eval_rows)
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     collator = None
@@ -176,8 +177,11 @@ def _print_every(trainer: Any, every: int) -> None:
 
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:
-    """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss", "learning_rate", …}."""
-    keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime")
+    """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss"|"eval_<metric>", "learning_rate", …}."""
+    from labkit.metrics import METRICS
+
+    keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime",
+            "eval_generation_runtime", *(f"eval_{name}" for name in METRICS))  # generation metrics: early stopping
     rows = []
     for entry in trainer.state.log_history:
         row = {k: entry[k] for k in keep if k in entry}
