@@ -155,6 +155,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
 def _print_every(trainer: Any, every: int) -> None:
     """Print the training loss every `every` steps (and every evaluation) although every step is logged."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
 
     def keep(state: Any, logs: dict[str, Any] | None) -> bool:
         logs = logs or {}
@@ -170,10 +171,22 @@ def _print_every(trainer: Any, every: int) -> None:
             if keep(state, logs):
                 super().on_log(args, state, control, logs=logs, **kwargs)
 
+    class _NotebookProgress(NotebookProgressCallback):
+        # transformers 5.24's notebook bar starts at the first step's end (step + 1); a run that ends at that very
+        # step (2 steps after it started or resumed, e.g. resumed from checkpoint-8 and early-stopped at step 10)
+        # keeps a stale time estimate with no rate, and on_train_end divides by None (TypeError)
+        def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+            tracker = self.training_tracker
+            if tracker is not None and state.global_step <= (getattr(tracker, "start_value", None) or 0):
+                tracker.predicted_remaining = None  # the run is over: nothing left to predict
+            return super().on_train_end(args, state, control, **kwargs)
+
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(_Progress())
     if trainer.pop_callback(PrinterCallback) is not None:
         trainer.add_callback(_Printer())
+    if trainer.pop_callback(NotebookProgressCallback) is not None:
+        trainer.add_callback(_NotebookProgress())
 
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:
