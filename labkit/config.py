@@ -227,10 +227,34 @@ Method = Annotated[Union[Full, Lora, Qlora], Field(discriminator="kind")]
 
 # --------------------------------------------------------------------------- train, eval, the rest
 class EarlyStopping(Strict):
-    metric: Literal["eval_loss"] = Field(
-        default="eval_loss", description="the validation loss during training (generation metrics are judged in stage 05)")
+    metric: str = Field(
+        default="eval_loss", description="eval_loss (the validation loss, lower is better), or a generation metric of "
+        "labkit.metrics such as the primary metric (higher is better): at every evaluation the validation rows are "
+        "answered with the eval settings, as in stages 01 and 05, and scored")
     patience: int = Field(ge=1, description="evaluations without an improvement before training stops")
-    min_delta: float = Field(default=0.0, ge=0, description="smallest decrease that counts as an improvement")
+    min_delta: float = Field(default=0.0, ge=0, description="smallest change in the metric's good direction that "
+                             "counts as an improvement")
+    examples: int | None = Field(default=None, ge=1, description="generation metrics only: score the first N validation "
+                                 "rows at each evaluation (cost control; default: the whole validation split)")
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from labkit.metrics import METRICS
+
+        choices = ", ".join(["eval_loss"] + [m for m in METRICS if m != "per_category_f1"])
+        if value == "per_category_f1":
+            raise ValueError(f"per_category_f1 is one F1 per category, not a single number to stop on; use one of {choices}")
+        if value != "eval_loss" and value not in METRICS:
+            raise ValueError(f"unknown metric {value!r} (expected one of {choices})")
+        return value
+
+    @model_validator(mode="after")
+    def _examples(self) -> "EarlyStopping":
+        if self.examples is not None and self.metric == "eval_loss":
+            raise ValueError("examples is only for a generation metric (eval_loss is always computed on the whole "
+                             "validation split): remove it or choose a generation metric")
+        return self
 
 
 class Train(Strict):
@@ -267,7 +291,8 @@ class Train(Strict):
                                    "position) every N optimiser steps and at the end (default: 4 times per run)")
     save_total_limit: int = Field(default=2, ge=1, description="checkpoints kept (the newest)")
     early_stopping: EarlyStopping | None = Field(
-        default=None, description="stop when the validation loss stops improving; the best checkpoint is the adapter")
+        default=None, description="stop when the validation loss or a generation metric stops improving; the best "
+        "checkpoint is the adapter")
 
 
 class Eval(Strict):
@@ -349,6 +374,13 @@ class Card(Strict):
         names = [("experiment.target.primary_metric", self.experiment.target.primary_metric)]
         names += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(self.experiment.guardrails)]
         names += [(f"eval.metrics.{i}", m) for i, m in enumerate(self.eval.metrics)]
+        stopping = self.train.early_stopping
+        if stopping is not None and stopping.metric != "eval_loss":
+            names.append(("train.early_stopping.metric", stopping.metric))
+            if self.distributed.strategy == "fsdp":
+                raise ValueError("train.early_stopping.metric: a generation metric cannot be computed under "
+                                 "distributed.strategy fsdp (sharded weights are gathered by every rank in lockstep, "
+                                 "and each rank would generate its own batches); use eval_loss, or strategy ddp")
         for where, name in names:
             if name not in METRICS:
                 raise ValueError(f"{where}: unknown metric {name!r} (expected one of {', '.join(METRICS)})")

@@ -10,12 +10,26 @@ from labkit.config import Card
 from labkit.prompting import prompt_ids
 
 
+def batches(lengths: list[int], size: int) -> list[list[int]]:
+    """The evaluation's batches: row indices sorted by prompt length (less padding), in chunks of `size`.
+
+    Args:
+        lengths: the prompt length of each row, in token ids.
+        size: the batch size (`eval.batch_size`).
+    Returns:
+        lists of row indices, shortest prompts first; every batch but the last holds `size` rows.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[start:start + size] for start in range(0, len(order), size)]
+
+
 def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
                      desc: str = "generating") -> list[str]:
     """Generate an answer for each row with the card's evaluation procedure.
 
-    Prompts are built by `labkit.prompting` (as in training), left-padded into batches of
-    `eval.batch_size`, decoded greedily up to `eval.max_new_tokens`, stopping at EOS.
+    Prompts are built by `labkit.prompting` (as in training), sorted by length and left-padded into
+    batches of `eval.batch_size` (`batches`), decoded greedily up to `eval.max_new_tokens`, stopping
+    at EOS; the answers come back in the order of `rows`.
 
     Args:
         model: a causal LM (plain or PEFT), on its device.
@@ -30,16 +44,12 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
 
     device = next(model.parameters()).device
     prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
-    # Sort by length so batches hold similar lengths (less padding), then restore the order.
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
     answers: list[str] = [""] * len(prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    size = card.eval.batch_size
     was_training = model.training
     model.eval()
     with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
-        for start in range(0, len(order), size):
-            idx = order[start:start + size]
+        for idx in batches([len(p) for p in prompts], card.eval.batch_size):
             width = max(len(prompts[i]) for i in idx)
             input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
             attention = torch.zeros((len(idx), width), dtype=torch.long)

@@ -193,3 +193,27 @@ def confusion_matrices(named: dict[str, list[dict[str, Any]]], path: Path | None
         ax.set_title(label, fontsize=8)
     axes[0][0].set_ylabel("reference")
     return _save(fig, path)
+
+
+def stopping_metric_curve(stopping: dict[str, Any], path: Path | None = None, title: str = "early stopping") -> Any:
+    """The early-stopping metric at each evaluation during training, the chosen (best) checkpoint marked.
+
+    Args:
+        stopping: `labkit.early_stopping.summary` (training/outcome.json's "early_stopping").
+        path: where to save the PNG.
+        title: the figure's title.
+    """
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    steps = [e["step"] for e in stopping["evaluations"]]
+    ax.plot(steps, [e["value"] for e in stopping["evaluations"]], marker="o", label=stopping["metric"])
+    if stopping["best_step"] is not None:
+        ax.scatter([stopping["best_step"]], [stopping["best_value"]], s=160, facecolors="none", edgecolors="red",
+                   zorder=3, label=f"best: {stopping['best_checkpoint']} (the adapter)")
+    if stopping["stopped_early"]:
+        ax.axvline(stopping["stopped_at_step"], color="grey", linestyle="--", label="stopped here")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel(f"{stopping['metric']} ({'higher' if stopping['greater_is_better'] else 'lower'} is better)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

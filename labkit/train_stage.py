@@ -28,8 +28,10 @@ def train(stage: Any) -> dict[str, Any]:
     Args:
         stage: the training Stage (card, run, tokenizer, data, device).
     Returns:
-        the outcome: {"steps", "metrics", "budget_exhausted", "interrupted", "resumed_from", "world_size"}.
+        the outcome: {"steps", "metrics", "budget_exhausted", "interrupted", "resumed_from", "world_size",
+        "best_step", "early_stopped", "early_stopping" (labkit.early_stopping.summary, or None)}.
     """
+    from labkit.early_stopping import summary as early_stopping_summary
     from labkit.evaluation import save_adapter_info
     from labkit.method import apply_method
     from labkit.training import build_trainer, loss_history
@@ -38,8 +40,9 @@ def train(stage: Any) -> dict[str, Any]:
     model = apply_method(stage.load_model(), card)
     if card.train.packing:
         _check_packing(stage, model)
+    validation = stage.split("validation")
     trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
-                            eval_rows=stage.split("validation"), device=stage.device, checkpoints=True)
+                            eval_rows=validation, device=stage.device, checkpoints=True)
     resume_from = last_checkpoint(stage.path("trainer"))
     if trainer.is_world_process_zero():
         print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
@@ -48,9 +51,11 @@ def train(stage: Any) -> dict[str, Any]:
     outcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
                "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
                "interrupted": interrupted, "best_step": trainer.state.best_global_step,
-               "best_eval_loss": trainer.state.best_metric}
+               "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None}
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
                                     and not outcome["budget_exhausted"] and not interrupted)
+    # which checkpoint became the adapter, and why (the metric's value at each evaluation)
+    outcome["early_stopping"] = early_stopping_summary(trainer.state, card, len(validation), outcome["early_stopped"])
     if trainer.is_world_process_zero():
         stage.save_jsonl("log_history.jsonl", loss_history(trainer))
         if not outcome["interrupted"]:

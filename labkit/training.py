@@ -76,7 +76,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         train_rows: prepared training rows, or an already tokenised datasets.Dataset (input_ids, labels; for
             dpo/orpo the columns of `labkit.preference.to_dataset`).
         output_dir: where the trainer writes.
-        eval_rows: validation rows for the evaluation loss during training (optional).
+        eval_rows: validation rows for the evaluation loss (and train.early_stopping's generation metric) during
+            training (optional).
         device: the device the model is on.
         checkpoints: write checkpoints every train.save_steps and at the end, and stop cleanly
             (checkpoint first) on SIGTERM / Ctrl-C (stage 04); off for stage 03's short checks.
@@ -106,8 +107,9 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                        "save_total_limit": t.save_total_limit}
     stopping = t.early_stopping if checkpoints and eval_rows else None
     if stopping:  # every evaluation is a checkpoint, so the best one can be restored at the end
-        save_kwargs.update(save_steps=eval_kwargs["eval_steps"], load_best_model_at_end=True,
-                           metric_for_best_model=stopping.metric, greater_is_better=False)
+        from labkit.early_stopping import trainer_arguments
+
+        save_kwargs.update(trainer_arguments(stopping, eval_kwargs["eval_steps"]))
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
@@ -128,11 +130,10 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     interruption = Interruption()
     if checkpoints:
         callbacks.append(interruption.callback())
-    if stopping:
-        from transformers import EarlyStoppingCallback
+    if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/early_stopping.py)
+        from labkit.early_stopping import callbacks as stopping_callbacks
 
-        callbacks.append(EarlyStoppingCallback(early_stopping_patience=stopping.patience,
-                                               early_stopping_threshold=stopping.min_delta))
+        callbacks += stopping_callbacks(card, tokenizer, eval_rows)
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     if t.trainer != "sft":  # preference pairs: TRL's DPO/ORPO trainer with the same arguments and callbacks
         from labkit.preference import preference_trainer
@@ -169,6 +170,7 @@ def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints
 def _print_every(trainer: Any, every: int) -> None:
     """Print the training loss every `every` steps (and every evaluation) although every step is logged."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
 
     def keep(state: Any, logs: dict[str, Any] | None) -> bool:
         logs = logs or {}
@@ -184,15 +186,30 @@ def _print_every(trainer: Any, every: int) -> None:
             if keep(state, logs):
                 super().on_log(args, state, control, logs=logs, **kwargs)
 
+    class _NotebookProgress(NotebookProgressCallback):
+        # transformers 5.24's notebook bar starts at the first step's end (step + 1); a run that ends at that very
+        # step (2 steps after it started or resumed, e.g. resumed from checkpoint-8 and early-stopped at step 10)
+        # keeps a stale time estimate with no rate, and on_train_end divides by None (TypeError)
+        def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+            tracker = self.training_tracker
+            if tracker is not None and state.global_step <= (getattr(tracker, "start_value", None) or 0):
+                tracker.predicted_remaining = None  # the run is over: nothing left to predict
+            return super().on_train_end(args, state, control, **kwargs)
+
     if trainer.pop_callback(ProgressCallback) is not None:
         trainer.add_callback(_Progress())
     if trainer.pop_callback(PrinterCallback) is not None:
         trainer.add_callback(_Printer())
+    if trainer.pop_callback(NotebookProgressCallback) is not None:
+        trainer.add_callback(_NotebookProgress())
 
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:
-    """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss", "learning_rate", …}."""
+    """The trainer's log history as rows {"step", "epoch", "loss"|"eval_loss"|"eval_<metric>", "learning_rate", …}."""
+    from labkit.metrics import METRICS
+
     keep = ("step", "epoch", "loss", "eval_loss", "learning_rate", "grad_norm", "train_runtime",
+            "eval_generation_runtime", *(f"eval_{name}" for name in METRICS),  # generation metrics: early stopping
             # dpo/orpo: is the chosen answer preferred, and by how much (TRL's names)
             "rewards/accuracies", "rewards/margins", "eval_rewards/accuracies", "eval_rewards/margins")
     rows = []
