@@ -226,9 +226,16 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
             "tokens_per_micro_batch": tokens, "loss_whole": whole["loss"], "loss_accumulated": accumulated["loss"]}
 
 
+# The smallest memory saving the CPU measurement (peak resident memory) resolves; CUDA's allocator counts bytes.
+CPU_RESOLUTION_BYTES = 8 * 2**20
+
+
 def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                        seq_len: int, device: str = "cpu") -> dict[str, Any]:
+                        seq_len: int, device: str = "cpu", config: Any = None) -> dict[str, Any]:
     """Activation checkpointing must give the same loss and gradients, and use less memory.
+
+    The memory is judged when the saving the estimate expects is one the measurement can resolve (always
+    without `config`): a tiny model at a short length saves less than the CPU measurement's noise.
 
     Args:
         card: the card.
@@ -237,10 +244,13 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
         rows: prepared training rows.
         seq_len: tokens per example (e.g. the p95 of the training lengths).
         device: the device.
+        config: the model's config, for the expected saving (`labkit.memory.estimate_step`).
     Returns:
-        {"ok", "loss_plain", "loss_checkpointed", "relative_difference", "memory_plain_bytes", "memory_checkpointed_bytes", …}.
+        {"ok", "loss_plain", "loss_checkpointed", "relative_difference", "memory_plain_bytes", "memory_checkpointed_bytes",
+         "memory_saving_expected_bytes", "memory_judged", …}.
     """
     from labkit.measure import fixed_length_dataset
+    from labkit.memory import estimate_step
 
     data = fixed_length_dataset(tokenizer, card, rows, seq_len, card.train.micro_batch)
     common = {"per_device_train_batch_size": card.train.micro_batch, "gradient_accumulation_steps": 1}
@@ -255,9 +265,16 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
         problems.append(f"loss differs by {loss_rel:.2e} (relative)")
     if rel > tol:
         problems.append(f"gradients differ by {rel:.2e} (relative), most in {worst}")
-    if mem_ckpt >= mem_plain:
+    expected = None
+    if config is not None:
+        alternatives = estimate_step(config, card, seq_len, device=device)["alternatives"]
+        expected = (alternatives["activations, no checkpointing"]
+                    - alternatives["activations, checkpointing (+ one recomputed layer)"])
+    judged = expected is None or expected >= (CPU_RESOLUTION_BYTES if device == "cpu" else 1)
+    if judged and mem_ckpt >= mem_plain:
         problems.append(f"checkpointing did not lower the step's memory ({mem_ckpt / 2**20:.0f} MiB vs {mem_plain / 2**20:.0f} MiB)")
     return {"ok": not problems, "problems": problems, "seq_len": seq_len, "micro_batch": card.train.micro_batch,
+            "memory_saving_expected_bytes": expected, "memory_judged": judged,
             "loss_plain": plain["loss"], "loss_checkpointed": ckpt["loss"], "relative_difference": rel,
             "worst_tensor": worst, "tolerance": tol, "memory_plain_bytes": mem_plain, "memory_checkpointed_bytes": mem_ckpt,
             "memory_method": plain["memory"]["method"]}
