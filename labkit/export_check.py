@@ -40,9 +40,8 @@ MAX_MISMATCHES = 5
 def eval_batches(tokenizer: Any, card: Any, rows: list[dict[str, Any]], sample: int | None = None) -> list[list[int]]:
     """The evaluation's batches as row indices, as `labkit.generation.generate_answers` forms them.
 
-    generate_answers sorts the prompts by (token length, position) and cuts batches of
-    `eval.batch_size`; taking whole batches from the front of that order and passing those rows in
-    that order reproduces the same batches, hence the same left padding.
+    Both call `labkit.generation.batches`; taking whole batches from the front and passing those rows in
+    that order to generate_answers reproduces the same batches, hence the same left padding.
 
     Args:
         tokenizer: the tokenizer that builds the prompts.
@@ -52,13 +51,11 @@ def eval_batches(tokenizer: Any, card: Any, rows: list[dict[str, Any]], sample: 
     Returns:
         the batches, each a list of indices into `rows`.
     """
+    from labkit.generation import batches
     from labkit.prompting import prompt_ids
 
-    lengths = [len(prompt_ids(tokenizer, card, r["input"])) for r in rows]
-    order = sorted(range(len(rows)), key=lambda i: (lengths[i], i))
-    size = card.eval.batch_size
-    batches = [order[i:i + size] for i in range(0, len(order), size)]
-    return batches[:sample] if sample else batches
+    formed = batches([len(prompt_ids(tokenizer, card, r["input"])) for r in rows], card.eval.batch_size)
+    return formed[:sample] if sample else formed
 
 
 def _prompt_batch(tokenizer: Any, card: Any, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
