@@ -105,12 +105,13 @@ def score(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]], me
         rows: the rows to answer and score.
         metric: a name from labkit.metrics.METRICS.
     Returns:
-        the metric over `rows`, as labkit.evaluation.evaluate_rows computes it.
+        the metric over `rows`, scored by labkit.evaluation.score_answers as stages 01 and 05 score.
     """
     import torch.distributed as dist
 
+    from labkit.evaluation import score_answers
     from labkit.generation import generate_answers
-    from labkit.metrics import metric_value, score_predictions
+    from labkit.metrics import metric_value
     from labkit.prompting import prompt_ids
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -124,9 +125,7 @@ def score(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]], me
         dist.all_gather_object(parts, pairs)
         pairs = [p for part in parts for p in part]
     by_index = dict(pairs)
-    records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
-                "prediction": by_index[i]} for i, r in enumerate(rows)]
-    _, metrics = score_predictions(records, card.data.target_format.model_dump())
+    _, metrics = score_answers(card, rows, [by_index[i] for i in range(len(rows))])
     return float(metric_value(metrics, metric))
 
 

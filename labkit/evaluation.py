@@ -32,8 +32,20 @@ def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, An
     Returns:
         (per-example rows with scores, aggregated metrics).
     """
-    answers = generate_answers(model, tokenizer, card, rows, desc=f"{label}: generating")
-    records = [{"id": r["id"], "category": r.get("category"), "input": r["input"], "target": r["target"],
+    return score_answers(card, rows, generate_answers(model, tokenizer, card, rows, desc=f"{label}: generating"))
+
+
+def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Score answers given to `rows` (in their order) with the card's metrics.
+
+    Args:
+        card: the card (target format).
+        rows: prepared rows ({"id", "input", "target", "category"}).
+        answers: one answer per row.
+    Returns:
+        (per-example rows with scores, aggregated metrics).
+    """
+    records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
                 "prediction": a} for r, a in zip(rows, answers)]
     return score_predictions(records, card.data.target_format.model_dump())
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trl import SFTTrainer
 
-IGNORE = -100
+from labkit.prompting import IGNORE
 
 
 def scores_completion_only_natively(device: Any) -> bool:

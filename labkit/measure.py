@@ -195,11 +195,11 @@ def loss_fraction(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> flo
     Returns:
         a fraction in [0, 1] (1.0 when there are no rows: the upper bound).
     """
-    from labkit.prompting import encode_rows
+    from labkit.prompting import IGNORE, encode_rows
 
     encoded = encode_rows(tokenizer, card, rows)
     tokens = sum(len(e.input_ids) for e in encoded)
-    return sum(sum(1 for x in e.labels if x != -100) for e in encoded) / tokens if tokens else 1.0
+    return sum(sum(1 for x in e.labels if x != IGNORE) for e in encoded) / tokens if tokens else 1.0
 
 
 class _StepTimer:
