@@ -1,13 +1,14 @@
 # labkit — two commands do everything on a fresh machine:
 #   make run    bootstrap .venv (when missing or stale), then run the quickstart card end to end
 #   make test   bootstrap .venv, then the test suite (offline, CPU, no hub)
+#   make test-fast   the unit tests only (tests/unit, a few minutes)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 CARD   ?= params/quickstart.yaml
 
-.PHONY: run test test-slow bench lab venv clean-runs
+.PHONY: run test test-fast test-slow bench lab venv clean-runs
 
 # Reinstalled only when requirements.txt or pyproject.toml is newer than the stamp (or .venv is missing):
 # a second call installs nothing.
@@ -25,6 +26,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow

@@ -2,9 +2,9 @@
 
 Both recipes answer the quickstart card's validation prompts with the quickstart model
 (SmolLM2-135M-Instruct from its PyPI package, fp32), greedily, up to `eval.max_new_tokens`, stopping
-at EOS, from the same prompt token ids (`labkit.prompting.prompt_ids`):
+at EOS, from the same prompt token ids (`labkit.data.prompting.prompt_ids`):
 
-- labkit: `labkit.generation.generate_answers` — prompts sorted by length, left-padded into batches
+- labkit: `labkit.evaluate.generation.generate_answers` — prompts sorted by length, left-padded into batches
   of `eval.batch_size` (16), one `generate` call per batch with a KV cache;
 - single: the classic tutorial loop — one prompt per `model.generate` call, no padding.
 
@@ -35,6 +35,8 @@ import sys
 import time
 from pathlib import Path
 
+from labkit.core import io
+
 REPO = Path(__file__).resolve().parent.parent
 CARD = REPO / "params" / "quickstart.yaml"
 
@@ -44,7 +46,7 @@ def single(model, tokenizer, card, rows: list[dict], new_tokens: dict) -> list[s
     Records in new_tokens how many tokens each answer took (EOS included)."""
     import torch
 
-    from labkit.prompting import prompt_ids
+    from labkit.data.prompting import prompt_ids
 
     answers = []
     with torch.inference_mode():
@@ -69,7 +71,7 @@ def _cpu_name() -> str:
 
 def validation_rows(card, given: str | None) -> Path:
     """The validation split of the newest run of the card's experiment (or the file given)."""
-    from labkit.runs import runs_root
+    from labkit.core.runs import runs_root
 
     if given:
         return Path(given)
@@ -89,17 +91,17 @@ def main() -> int:
     import torch
     import transformers
 
-    from labkit.cards import load_card
-    from labkit.generation import generate_answers
-    from labkit.loading import load_model, load_tokenizer
-    from labkit.models import resolve
-    from labkit.prompting import prompt_ids
+    from labkit.card.load import load_card
+    from labkit.data.prompting import prompt_ids
+    from labkit.evaluate.generation import generate_answers
+    from labkit.model.loading import load_model, load_tokenizer
+    from labkit.model.sources import resolve
 
     card = load_card(CARD).card
     if args.batch_size:
         card.eval.batch_size = args.batch_size
     path = validation_rows(card, args.rows)
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    rows = io.read_jsonl(path)
     rows = rows[: args.limit] if args.limit else rows
     resolved = resolve(card.model.source, card.model.revision, base=CARD.parent)
     tokenizer = load_tokenizer(resolved, card)

@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from labkit.leakage import find_duplicates, normalise_text, shingles
+from labkit.data.leakage import find_duplicates, normalise_text, shingles
 
 
 def synthetic(rows: int, seed: int = 0, planted_share: float = 0.01) -> tuple[dict, set, set]:

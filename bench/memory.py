@@ -26,15 +26,15 @@ CARD = REPO / "params" / "quickstart.yaml"
 
 def one(method: str, seq_len: int, micro_batch: int) -> dict:
     """Estimate and measure one configuration in this process."""
-    from labkit import data as D
-    from labkit.cards import load_card
-    from labkit.config import Full, Lora, Qlora
-    from labkit.loading import load_model, load_tokenizer, pick_device
-    from labkit.measure import loss_fraction, measure_step
-    from labkit.memory import estimate_step
-    from labkit.method import apply_method
-    from labkit.models import resolve
-    from labkit.sizing import loaded_bytes
+    from labkit.card.load import load_card
+    from labkit.card.schema import Full, Lora, Qlora
+    from labkit.data import sources as D
+    from labkit.model.loading import load_model, load_tokenizer, pick_device
+    from labkit.model.method import apply_method
+    from labkit.model.sources import resolve
+    from labkit.preflight.measure import loss_fraction, measure_step
+    from labkit.preflight.memory import estimate_step
+    from labkit.stages.parameter_check import loaded_bytes
 
     card = load_card(CARD).card
     card.train.micro_batch = micro_batch

@@ -5,7 +5,7 @@ training rows for the same number of optimiser steps, at the same precision (the
 
 - labkit: stage 04's trainer as `params/examples/ticket-packed.yaml` configures it — packed rows
   (best fit decreasing, block-diagonal attention), one packed row per micro-batch × 4, and labkit's
-  loss head, which projects only the positions that carry a loss (`labkit.loss_head`);
+  loss head, which projects only the positions that carry a loss (`labkit.train.loss_head`);
 - padded: every example padded to `data.max_length` (the classic QLoRA tutorials), micro-batch 4,
   through TRL's SFTTrainer as it comes;
 - dynamic: the classic tutorial as written — TRL's SFTTrainer as it comes, dynamic padding,
@@ -83,9 +83,9 @@ class _Counting:
 def _trainer(recipe: str, card, resolved, tokenizer, rows, steps: int):
     from trl import SFTTrainer
 
-    from labkit.loading import load_model
-    from labkit.method import apply_method
-    from labkit.training import build_trainer
+    from labkit.model.loading import load_model
+    from labkit.model.method import apply_method
+    from labkit.train.trainer import build_trainer
 
     card = card.model_copy(deep=True)
     if recipe != "labkit":  # the classic recipes: no packing, TRL's own loss
@@ -117,11 +117,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    from labkit import data as D
-    from labkit.cards import load_card
-    from labkit.loading import load_tokenizer
-    from labkit.models import resolve
-    from labkit.prompting import encode_rows
+    from labkit.card.load import load_card
+    from labkit.data import sources as D
+    from labkit.data.prompting import encode_rows
+    from labkit.model.loading import load_tokenizer
+    from labkit.model.sources import resolve
 
     card = load_card(CARD).card
     resolved = resolve(card.model.source, card.model.revision, base=CARD.parent)

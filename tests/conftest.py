@@ -33,14 +33,14 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model():
     """The tiny:llama model source, built offline once per session."""
-    from labkit.models import resolve
+    from labkit.model.sources import resolve
 
     return resolve("tiny:llama")
 
 
 def labkit(*args: str, runs: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "LABKIT_RUNS": str(runs)}
-    return subprocess.run([sys.executable, "-m", "labkit.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "labkit", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -1,0 +1,7 @@
+"""`python -m labkit …` is the `labkit` command."""
+
+import sys
+
+from labkit.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,240 @@
+"""Load experiment cards: YAML, `parent:` inheritance, one-line errors, diff and hash.
+
+Every problem with a card is raised as `CardError`, whose message is a single line
+`<file>:<line>: <key.path>: <what is wrong> (<what was expected>)`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from labkit.card.schema import Card
+from labkit.errors import CardError
+
+
+@dataclass
+class LoadedCard:
+    """A validated card with where it came from.
+
+    Attributes:
+        card: the validated, resolved card.
+        path: the card file that was loaded.
+        chain: the files of the inheritance chain, child first.
+        resolved: the resolved card as plain data (what is archived as card.yaml).
+        diff: keys this card changes against its parent (empty without parent).
+    """
+
+    card: Card
+    path: Path
+    chain: list[Path]
+    resolved: dict[str, Any]
+    diff: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hash(self) -> str:
+        """Short sha256 of the resolved card's non-default values (stable across key order, and across labkit
+        versions that add optional keys: a new key at its default leaves the hash of an archived card unchanged)."""
+        return card_hash(self.card.model_dump(mode="json", exclude_defaults=True))
+
+
+def card_hash(resolved: dict[str, Any]) -> str:
+    """Return the first 8 hex digits of the sha256 of a canonical JSON dump."""
+    blob = json.dumps(resolved, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:8]
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
+    if not path.is_file():
+        raise CardError(f"{path}: card file not found (give the path of a .yaml card, e.g. params/quickstart.yaml)")
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+        node = yaml.compose(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise CardError(f"{where}: not valid YAML: {problem} (fix the syntax on that line)") from None
+    if data is None:
+        raise CardError(f"{path}: the card is empty (expected the sections experiment, data, model, method)")
+    if not isinstance(data, dict):
+        raise CardError(f"{path}:1: the card must be a mapping of sections, got {type(data).__name__}")
+    return data, node
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """Find the 1-based line of a key path in a composed YAML node (deepest key found)."""
+    line = None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == str(part):
+                    line, node = key_node.start_mark.line + 1, value_node
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings; lists and scalars in the child replace the parent's."""
+    out = copy.deepcopy(parent)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def card_diff(parent: Any, child: Any, prefix: str = "") -> dict[str, Any]:
+    """Flat {dotted.key: {"parent": a, "card": b}} of what differs."""
+    if isinstance(parent, dict) and isinstance(child, dict):
+        out: dict[str, Any] = {}
+        for key in sorted(set(parent) | set(child), key=str):
+            out.update(card_diff(parent.get(key), child.get(key), f"{prefix}{key}."))
+        return out
+    if parent != child:
+        return {prefix.rstrip("."): {"parent": parent, "card": child}}
+    return {}
+
+
+def _resolve_relative(ref: str, base: Path) -> Path:
+    """Resolve a path written in a card: relative to the card, then to the project root."""
+    candidate = Path(ref).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    for root in [base.parent, *base.parent.parents]:
+        if (root / candidate).exists():
+            return (root / candidate).resolve()
+    return (base.parent / candidate).resolve()
+
+
+def _expected(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return "unknown key: remove it or check its spelling against the card reference in docs/cards.md"
+    if kind == "missing":
+        return "required key is missing: add it"
+    if kind == "literal_error":
+        return f"expected one of {ctx.get('expected', '')}"
+    if "expected" in ctx:
+        return f"expected {ctx['expected']}"
+    return err.get("msg", "invalid value")
+
+
+_UNION_TAGS = {"BuiltinSource", "PathSource", "HubSource", "RegexRule", "full", "lora", "qlora", "str", "list[str]", "int",
+               "float", "bool", "constrained-str"}
+
+
+def _is_tag(part: Any) -> bool:
+    return isinstance(part, str) and (part in _UNION_TAGS or part == "[key]"
+                                      or part.startswith(("function-", "literal[", "dict[")))
+
+
+def _format_error(exc: ValidationError, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> str:
+    errors = exc.errors()
+    # A union reports one error per member: group by the path before the first union tag.
+    groups = {tuple(p for p in e["loc"][: next((i for i, p in enumerate(e["loc"]) if _is_tag(p)), None)]) for e in errors}
+    # keep the most specific path; a mapping member whose key did not match is the least informative.
+    candidates = [e for e in errors if "[key]" not in e["loc"]] or errors
+    err = max(candidates, key=lambda e: len([p for p in e["loc"] if not _is_tag(p)]))
+    loc = tuple(p for p in err["loc"] if not _is_tag(p))
+    key = ".".join(str(p) for p in loc) or "<card>"
+    where = str(chain[0][0])
+    for path, node, _ in chain:  # the file that defines the deepest part of the key
+        line = _line_of(node, loc)
+        if line is not None:
+            where = f"{path}:{line}"
+            break
+    got = err.get("input")
+    quiet = err["type"] in {"missing", "extra_forbidden", "value_error"} or isinstance(got, dict)
+    got_text = "" if quiet else f"; got {got!r}"
+    detail = _expected(err) if err["type"] in {"extra_forbidden", "missing", "literal_error"} else err["msg"]
+    detail = detail.removeprefix("Value error, ")
+    if err["type"] == "value_error" and ": " in detail and loc == ():  # card-level check naming its own key
+        key, detail = detail.split(": ", 1)
+        for path, node, _ in chain:
+            line = _line_of(node, tuple(int(p) if p.isdigit() else p for p in key.split(".")))
+            if line is not None:
+                where = f"{path}:{line}"
+                break
+    more = f" (+{len(groups) - 1} more problem{'s' if len(groups) > 2 else ''})" if len(groups) > 1 else ""
+    return f"{where}: {key}: {detail}{got_text}{more}".replace("\n", " ")
+
+
+def load_card(path: str | Path) -> LoadedCard:
+    """Load, resolve (`parent:` chain) and validate a card.
+
+    Args:
+        path: the card file.
+    Returns:
+        LoadedCard with the validated card, its resolved data and its diff against the parent.
+    Raises:
+        CardError: one line naming the file, line, key and the fix.
+    """
+    path = Path(path).expanduser().resolve()
+    chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]] = []
+    current = path
+    while True:
+        if any(current == p for p, _, _ in chain):
+            raise CardError(f"{current}: parent: inheritance cycle ({' -> '.join(str(p) for p, _, _ in chain)})")
+        data, node = _read_yaml(current)
+        chain.append((current, node, data))
+        parent_ref = data.get("parent")
+        if parent_ref is None:
+            break
+        if not isinstance(parent_ref, str):
+            raise CardError(f"{current}:{_line_of(node, ('parent',))}: parent: expected a path to a card, got {parent_ref!r}")
+        current = _resolve_relative(parent_ref, current)
+    resolved: dict[str, Any] = {}
+    for _, _, data in reversed(chain):
+        resolved = _merge(resolved, {k: v for k, v in data.items() if k != "parent"})
+    try:
+        card = Card.model_validate(resolved)
+    except ValidationError as exc:
+        raise CardError(_format_error(exc, chain)) from None
+    _check_paths(card, path)
+    parent_resolved: dict[str, Any] = {}
+    if len(chain) > 1:
+        for _, _, data in reversed(chain[1:]):
+            parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
+    full = card.model_dump(mode="json")
+    diff = card_diff(_normalise(parent_resolved), _normalise(full)) if len(chain) > 1 else {}
+    return LoadedCard(card=card, path=path, chain=[p for p, _, _ in chain], resolved=full, diff=diff)
+
+
+def _normalise(data: dict[str, Any]) -> dict[str, Any]:
+    """Validate a parent's data leniently for diffing (defaults filled when it validates)."""
+    try:
+        return Card.model_validate(data).model_dump(mode="json")
+    except ValidationError:
+        return data
+
+
+def _check_paths(card: Card, card_path: Path) -> None:
+    source = card.data.source
+    if hasattr(source, "path"):
+        resolved = _resolve_relative(source.path, card_path)
+        if not resolved.exists():
+            raise CardError(f"{card_path}: data.source.path: file not found: {source.path} (paths are relative to the card)")
+        source.path = str(resolved)
+
+
+def dump_yaml(data: dict[str, Any]) -> str:
+    """YAML text of a resolved card or diff, keys in card order."""
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=100)

@@ -1,0 +1,236 @@
+"""The experiment card: strict pydantic models for every section of a card (experiment and data: `labkit.card.sections`).
+
+A card is one YAML file, one variant of an experiment. Unknown keys, wrong types and missing
+required keys are errors; `labkit.card.load` turns them into one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, field_validator, model_validator
+
+from labkit.card.sections import Data, Experiment, Strict
+from labkit.scoring.metrics import METRICS
+
+# train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
+# the card validates against it, the trainer passes the name on and stage 03's memory estimate counts the bytes
+OPTIMIZERS = {
+    "adamw": (8.0, "adamw_torch_fused"),
+    "adamw_8bit": (2.0, "adamw_bnb_8bit"),
+    "paged_adamw_8bit": (2.0, "paged_adamw_8bit"),
+    "paged_adamw_32bit": (8.0, "paged_adamw_32bit"),
+}
+
+
+# --------------------------------------------------------------------------- model and method
+class Model(Strict):
+    source: str = Field(description="pypi:<pkg>==<ver>#<file.gguf> | hf:<repo>@<revision> | tiny:<name> | a local path")
+    revision: str | None = Field(default=None, description="expected revision; the run fails if the source differs")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    trust_remote_code: bool = False
+
+
+class Full(Strict):
+    kind: Literal["full"]
+
+
+class Lora(Strict):
+    kind: Literal["lora"]
+    r: int = Field(default=16, ge=1)
+    alpha: float = 32
+    dropout: float = Field(default=0.05, ge=0, lt=1)
+    target_modules: Union[Literal["all-linear"], list[str], str] = Field(
+        default="all-linear", description="all-linear, a list of module names (q_proj, v_proj, …), or one regular "
+        "expression matched against full module names, e.g. '.*\\.(q|v)_proj'")
+
+    @field_validator("target_modules")
+    @classmethod
+    def _regex(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "all-linear":
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a valid regular expression ({exc})") from None
+        return value
+    modules_to_save: list[str] = Field(default_factory=list)
+
+
+class Quantisation(Strict):
+    type: Literal["nf4", "fp4"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+
+
+class Qlora(Lora):
+    kind: Literal["qlora"]  # type: ignore[assignment]
+    quantisation: Quantisation = Field(default_factory=Quantisation)
+
+
+Method = Annotated[Union[Full, Lora, Qlora], Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- train, eval, the rest
+class EarlyStopping(Strict):
+    metric: str = Field(
+        default="eval_loss", description="eval_loss (the validation loss, lower is better), or a generation metric of "
+        "labkit.scoring.metrics such as the primary metric (higher is better): at every evaluation the validation rows are "
+        "answered with the eval settings, as in stages 01 and 05, and scored")
+    patience: int = Field(ge=1, description="evaluations without an improvement before training stops")
+    min_delta: float = Field(default=0.0, ge=0, description="smallest change in the metric's good direction that "
+                             "counts as an improvement")
+    examples: int | None = Field(default=None, ge=1, description="generation metrics only: score the first N validation "
+                                 "rows at each evaluation (cost control; default: the whole validation split)")
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        choices = ", ".join(["eval_loss"] + [m for m in METRICS if m != "per_category_f1"])
+        if value == "per_category_f1":
+            raise ValueError(f"per_category_f1 is one F1 per category, not a single number to stop on; use one of {choices}")
+        if value != "eval_loss" and value not in METRICS:
+            raise ValueError(f"unknown metric {value!r} (expected one of {choices})")
+        return value
+
+    @model_validator(mode="after")
+    def _examples(self) -> "EarlyStopping":
+        if self.examples is not None and self.metric == "eval_loss":
+            raise ValueError("examples is only for a generation metric (eval_loss is always computed on the whole "
+                             "validation split): remove it or choose a generation metric")
+        return self
+
+
+class Train(Strict):
+    trainer: Literal["sft", "dpo", "orpo"] = Field(
+        default="sft", description="sft: TRL's SFTTrainer, loss on the answer; dpo / orpo: TRL's DPOTrainer / ORPOTrainer "
+        "on preference pairs (data.fields.rejected), see labkit.train.preference")
+    beta: float | None = Field(
+        default=None, gt=0, description="dpo: β, how far the policy may move from the reference model (larger: closer); "
+        "orpo: λ, the weight of the odds-ratio term next to the NLL term; both are TRL's `beta`, default 0.1 (TRL's "
+        "default); sft cards leave it out")
+    seed: int = 42
+    epochs: float | None = Field(default=1.0, gt=0)
+    max_steps: int | None = Field(default=None, gt=0, description="overrides epochs when set")
+    micro_batch: int = Field(default=8, ge=1)
+    grad_accum: int = Field(default=1, ge=1)
+    lr: float = Field(default=2e-4, gt=0)
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
+    warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
+        default="adamw", description="adamw: torch's fused AdamW (32-bit states); the others are bitsandbytes'")
+    loss_normalisation: Literal["tokens", "micro_batch_mean"] = Field(
+        default="tokens", description="tokens: the loss is a sum over all completion tokens of the accumulated batch "
+        "divided by their count; micro_batch_mean: each micro-batch's mean, averaged (the pre-2024 behaviour, biased)")
+    gradient_checkpointing: bool = False
+    packing: bool = Field(default=False, description="pack examples into rows of up to data.max_length tokens with a "
+                          "block-diagonal attention mask (checked before training: each example's loss is the same packed)")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    logging_steps: int = Field(default=5, ge=1, description="print the training loss every N steps (the loss history "
+                               "records every step)")
+    eval_steps: int | None = Field(default=None, ge=1, description="validation loss every N steps (default: 4 times per run)")
+    save_steps: int | None = Field(default=None, ge=1, description="checkpoint (weights, optimiser, scheduler, RNG, data "
+                                   "position) every N optimiser steps and at the end (default: 4 times per run)")
+    save_total_limit: int = Field(default=2, ge=1, description="checkpoints kept (the newest)")
+    early_stopping: EarlyStopping | None = Field(
+        default=None, description="stop when the validation loss or a generation metric stops improving; the best "
+        "checkpoint is the adapter")
+
+
+class Eval(Strict):
+    split: Literal["validation"] = Field(default="validation", description="the test split opens only with `labkit final`")
+    batch_size: int = Field(default=16, ge=1)
+    max_new_tokens: int = Field(default=64, ge=1)
+    decoding: Literal["greedy"] = "greedy"
+    metrics: list[str] = Field(default_factory=list, description="extra metrics; the primary metric and guardrails are always computed")
+
+
+class Distributed(Strict):
+    launcher: Literal["none", "accelerate"] = Field(
+        default="none", description="none: stage 04 trains in its own kernel; accelerate: `accelerate launch` runs the training")
+    strategy: Literal["none", "ddp", "fsdp"] = Field(
+        default="none", description="ddp replicates the model on every process; fsdp shards weights, gradients and "
+        "optimiser states across them")
+    num_processes: int = Field(default=1, ge=1, description="processes in all (GPUs, or CPU processes with gloo)")
+    num_machines: int = Field(default=1, ge=1)
+    machine_rank: int = Field(default=0, ge=0)
+    main_process_ip: str | None = Field(default=None, description="multi-node: the rank-0 machine's address")
+    main_process_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Distributed":
+        if (self.launcher == "none") != (self.strategy == "none"):
+            raise ValueError("launcher accelerate goes with strategy ddp or fsdp; launcher none with strategy none")
+        if self.launcher == "none" and self.num_processes != 1:
+            raise ValueError("num_processes > 1 needs launcher: accelerate")
+        if self.num_machines > 1 and not self.main_process_ip:
+            raise ValueError("num_machines > 1 needs main_process_ip (and main_process_port)")
+        return self
+
+
+class Budget(Strict):
+    max_minutes: float = Field(default=60, gt=0, description="training stops (checkpointed) past this")
+    price_per_gpu_hour: float = Field(default=0.0, ge=0)
+
+
+class Card(Strict):
+    """A resolved experiment card (after `parent:` inheritance)."""
+
+    experiment: Experiment
+    data: Data
+    model: Model
+    method: Method
+    train: Train = Field(default_factory=Train)
+    eval: Eval = Field(default_factory=Eval)
+    distributed: Distributed = Field(default_factory=Distributed)
+    budget: Budget = Field(default_factory=Budget)
+    notes: str | None = Field(default=None, description="free text kept with the run")
+
+    @model_validator(mode="after")
+    def _trainer_fits(self) -> "Card":
+        t = self.train
+        if t.trainer == "sft":
+            if t.beta is not None:
+                raise ValueError("train.beta: applies to train.trainer dpo or orpo only; remove it from this sft card")
+            return self
+        if self.data.fields.rejected is None:
+            raise ValueError(f"data.fields.rejected: train.trainer {t.trainer} trains on preference pairs; set "
+                             "data.fields.rejected to the column holding the rejected answer (data.fields.target is the "
+                             "chosen one), or use train.trainer: sft")
+        if t.packing:
+            raise ValueError(f"train.packing: packing does not apply to preference pairs (train.trainer {t.trainer}); "
+                             "set train.packing: false")
+        if t.trainer == "orpo" and t.grad_accum > 1:
+            raise ValueError("train.grad_accum: TRL's ORPOTrainer averages its NLL term over each micro-batch's tokens, "
+                             "so accumulated micro-batches do not give one large batch's gradients (stage 03 measures "
+                             "the difference); use grad_accum: 1 and a larger micro_batch")
+        if t.loss_normalisation != "tokens":
+            raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
+                             "normalises its own loss); remove it from this card")
+        return self
+
+    @model_validator(mode="after")
+    def _metrics_known(self) -> "Card":
+        names = [("experiment.target.primary_metric", self.experiment.target.primary_metric)]
+        names += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(self.experiment.guardrails)]
+        names += [(f"eval.metrics.{i}", m) for i, m in enumerate(self.eval.metrics)]
+        stopping = self.train.early_stopping
+        if stopping is not None and stopping.metric != "eval_loss":
+            names.append(("train.early_stopping.metric", stopping.metric))
+            if self.distributed.strategy == "fsdp":
+                raise ValueError("train.early_stopping.metric: a generation metric cannot be computed under "
+                                 "distributed.strategy fsdp (sharded weights are gathered by every rank in lockstep, "
+                                 "and each rank would generate its own batches); use eval_loss, or strategy ddp")
+        for where, name in names:
+            if name not in METRICS:
+                raise ValueError(f"{where}: unknown metric {name!r} (expected one of {', '.join(METRICS)})")
+            needs = METRICS[name][0]
+            if needs == "json" and self.data.target_format.kind != "json":
+                raise ValueError(f"{where}: {name} needs data.target_format.kind: json")
+            if needs == "category" and (self.data.fields.category is None or self.data.target_format.kind == "text"):
+                raise ValueError(f"{where}: {name} needs data.fields.category and a json or label target")
+        if self.experiment.target.primary_metric == "per_category_f1":
+            raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
+        return self

@@ -1,0 +1,1 @@
+"""The `labkit` command (`labkit.cli.main`), its subcommands, the papermill runner and the worker processes."""

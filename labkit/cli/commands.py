@@ -1,0 +1,135 @@
+"""The subcommands of `labkit`: each takes the parsed arguments and returns the exit status.
+
+Errors a user can act on are raised as `labkit.errors.LabkitError` and printed by `labkit.cli.main` as one
+line; a command never prints a traceback for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from labkit.card.load import load_card
+from labkit.cli.runner import (
+    load_all,
+    notebooks_dir,
+    refresh_report,
+    resume_run,
+    run_card,
+    stage_into,
+)
+from labkit.core import io
+from labkit.core import runs as R
+from labkit.errors import LabkitError, UsageError
+from labkit.experiment.compare import summary_rows
+from labkit.experiment.final import final
+from labkit.experiment.plan import make_plan
+from labkit.experiment.report import build_report
+from labkit.export.deliver import export
+from labkit.export.reload_check import summary as reload_summary
+
+
+def _root(args: argparse.Namespace, start: Path | None = None) -> Path:
+    """The runs root: --runs, else $LABKIT_RUNS or <project>/runs (from `start`, default the working folder)."""
+    return Path(args.runs).resolve() if getattr(args, "runs", None) else R.runs_root(start)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, 1 when a stage failed."""
+    if args.resume:
+        if args.cards:
+            raise UsageError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
+        resume_run(args.resume, _root(args), notebooks_dir(args.notebooks))
+        return 0
+    if not args.cards:
+        raise UsageError("labkit run needs at least one card (or --resume RUN_ID)")
+    cards = load_all(args.cards)  # every card validated before anything is created
+    nb_dir = notebooks_dir(args.notebooks)
+    failed = 0
+    for loaded in cards:
+        try:
+            run_card(loaded, _root(args, loaded.path.parent), nb_dir)
+        except LabkitError as exc:  # report, go on with the next card
+            print(f"labkit: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    """`labkit stage NAME CARD [--run DIR]`: one stage notebook."""
+    loaded = load_card(args.card)
+    stage_into(loaded, args.name, args.run, _root(args, loaded.path.parent), notebooks_dir(args.notebooks))
+    return 0
+
+
+def cmd_invalidate(args: argparse.Namespace) -> int:
+    """`labkit invalidate RUN --why …`: mark a run invalid; it stays in the registry with its reason."""
+    run = R.find_run(args.run, _root(args))
+    if not args.why.strip():
+        raise UsageError("labkit invalidate needs --why \"the reason\" (it is kept with the run)")
+    R.record(run, "invalidated", status="invalid", why=args.why.strip())
+    print(f"{run.experiment}/{run.run_id} marked invalid: {args.why.strip()}")
+    return 0
+
+
+def _result(summary: dict[str, Any]) -> str:
+    metric = next((k for k in summary if k != "confirmed"), None)
+    result = f"{metric} {summary[metric]['baseline']:.3f}→{summary[metric]['tuned']:.3f} " if metric else ""
+    return result + ("confirmed" if summary.get("confirmed") else "not confirmed")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """`labkit runs [EXPERIMENT]`: the registry as a table (every run, failed and interrupted too)."""
+    root = _root(args)
+    for run_id in R.mark_dead_runs(root):
+        print(f"labkit: {run_id} was recorded as running but its process is gone: marked interrupted", file=sys.stderr)
+    rows = R.summarise(R.read_registry(root))
+    if args.experiment:
+        rows = [r for r in rows if r["experiment"] == args.experiment]
+    if not rows:
+        print(f"no runs in {root}")
+        return 0
+    header = ("run", "status", "stage", "updated", "result / error")
+    table = [(f"{r['experiment']}/{r['run_id']}", r.get("status", "?"), r.get("stage", ""), r.get("updated", ""),
+              _result(r["summary"]) if r.get("summary") else (r.get("error") or "")[:70]) for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
+    for line in [header, tuple("-" * w for w in widths), *table]:
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
+    root = _root(args)
+    index = build_report(root, args.experiment, resamples=args.resamples)
+    comparison = io.read_json(index.parent / "comparison.json")
+    for row in summary_rows(comparison):
+        print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    print(f"report: {index}")
+    return 0
+
+
+def cmd_final(args: argparse.Namespace) -> int:
+    """`labkit final RUN [--reopen --why …]`: open the experiment's locked test split once, then refresh the report."""
+    out = final(args.run, _root(args), reopen=args.reopen, why=args.why)
+    refresh_report(R.Run(Path(out["dir"]).parent), print)  # the experiment's report shows every opening
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`labkit export RUN`: 0 exported, 1 the reload check failed (ExportCheckFailed), 2 refused (ExportRefused)."""
+    result = export(args.run, _root(args), merged=args.merged, out=Path(args.out) if args.out else None,
+                    sample=args.sample, device=args.device)
+    print(f"exported {result['run_id']} to {result['export_dir']}: reload check passed "
+          f"({reload_summary(result['reload_check'])})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """`labkit plan CARD --days D …`: the rental plan from measured timings."""
+    make_plan(args.card, args.days, args.price_per_hour, Path(args.runs) if getattr(args, "runs", None) else None,
+              speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
+              max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation)
+    return 0

@@ -1,0 +1,121 @@
+"""The `labkit` command: run cards through the stage notebooks, read the registry, decide and deliver.
+
+Exit status: 0 done; 1 a stage or a check failed on valid input; 2 bad input (a card, a data file, a
+model source, the command's arguments, a run in the wrong state) — printed as one line, never a traceback
+(`--debug` or LABKIT_DEBUG=1 shows it); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+from labkit.cli import commands
+from labkit.core.runs import STAGES
+from labkit.errors import LabkitError
+
+
+def _add_final(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("final", help="open the experiment's locked test split once (recorded) and evaluate "
+                            "base and tuned models on it")
+    parser.add_argument("run", help="run id (or run folder); it must be completed")
+    parser.add_argument("--reopen", action="store_true",
+                        help="open the test split again although this experiment's was already opened (needs --why)")
+    parser.add_argument("--why", help="the reason for reopening (kept in the registry and in final/opening.json)")
+    parser.set_defaults(func=commands.cmd_final)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("export", help="deliver a completed run: adapter tied to its base revision, model card, "
+                            "reload check")
+    parser.add_argument("run", help="run id (or run folder) of a completed run")
+    parser.add_argument("--merged", action="store_true", help="also write merged/: base + adapter merged (safetensors)")
+    parser.add_argument("--out", help="export folder (default: <run>/export)")
+    parser.add_argument("--sample", type=int, help="reload check on the first N evaluation batches only (default: all)")
+    parser.add_argument("--device", help="device of the reload check (default: cpu unless the run used CUDA)")
+    parser.set_defaults(func=commands.cmd_export)
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("plan", help="phases, variants, cost and checkpoint interval of a rental")
+    add = parser.add_argument
+    add("card", help="the experiment card (params/*.yaml)")
+    add("--days", type=float, required=True, help="rental length in days (3, 7 or 30; any positive number)")
+    add("--price-per-hour", type=float, help="rental price per hour (default: the card's budget.price_per_gpu_hour)")
+    add("--speedup", type=float, default=1.0, help="the rental is X times faster than the measured machine (default 1)")
+    add("--margin", type=float, default=0.15, help="fraction of the rental kept free (default 0.15)")
+    add("--max-loss-minutes", type=float, default=15.0, help="most work an interruption may lose (default 15)")
+    add("--max-loss-fraction", type=float, default=0.01, help="… and as a fraction of the rental (default 0.01)")
+    add("--continuation", type=float, default=2.0, help="continuation run, in units of the card's steps (default 2)")
+    parser.set_defaults(func=commands.cmd_plan)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `labkit` command.
+
+    Returns:
+        the parser; each subcommand sets `func`, a function of `labkit.cli.commands`.
+    """
+    parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--runs", help="runs folder (default: $LABKIT_RUNS or <project>/runs)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run every stage of each card through papermill, archived")
+    run.add_argument("cards", nargs="*", help="experiment cards (params/*.yaml)")
+    run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or failed run from its first unfinished "
+                     "stage (training from its newest checkpoint), in this process")
+    run.add_argument("--notebooks", help="folder of the stage notebooks (default: <project>/notebooks)")
+    run.set_defaults(func=commands.cmd_run)
+    stage = sub.add_parser("stage", help="run one stage notebook of a card")
+    stage.add_argument("name", choices=STAGES)
+    stage.add_argument("card")
+    stage.add_argument("--run", help="an existing run folder to run the stage in (default: a new run)")
+    stage.add_argument("--notebooks")
+    stage.set_defaults(func=commands.cmd_stage)
+    runs = sub.add_parser("runs", help="the registry as a table (every run, failed and interrupted too)")
+    runs.add_argument("experiment", nargs="?")
+    runs.set_defaults(func=commands.cmd_runs)
+    invalidate = sub.add_parser("invalidate", help="mark a run invalid, with the reason (it stays in the registry)")
+    invalidate.add_argument("run", help="run id (or run folder)")
+    invalidate.add_argument("--why", required=True, help="the reason, kept with the run")
+    invalidate.set_defaults(func=commands.cmd_invalidate)
+    compare = sub.add_parser("compare", help="compare every run of an experiment (bootstrap intervals, paired per "
+                             "example, protocol check) and write its HTML report")
+    compare.add_argument("experiment", help="the experiment id (experiment.id of its cards)")
+    compare.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    compare.set_defaults(func=commands.cmd_compare)
+    _add_final(sub)
+    _add_export(sub)
+    _add_plan(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `labkit` console script.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+    Returns:
+        the exit status (see the module docstring).
+    """
+    args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("LABKIT_DEBUG") == "1"
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("labkit: interrupted (recorded in the registry)", file=sys.stderr)
+        return 130
+    except LabkitError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"labkit: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception:  # noqa: BLE001 - a bug: keep the traceback
+        traceback.print_exc()
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,252 @@
+"""Execute the stage notebooks of a run with papermill, archive them, keep the registry current."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.card.load import LoadedCard, load_card
+from labkit.core import io
+from labkit.core import runs as R
+from labkit.core.environment import capture
+from labkit.core.heartbeat import is_dead, start_heartbeat
+from labkit.core.protocol import check_protocol
+from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
+from labkit.experiment.report import build_report
+
+# papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
+# start fast
+
+
+def notebooks_dir(explicit: str | Path | None = None) -> Path:
+    """Where the stage notebooks are: explicit, else <project root>/notebooks, else next to the labkit package."""
+    candidates = [Path(explicit)] if explicit else []
+    candidates += [R.project_root() / "notebooks", Path(__file__).resolve().parent.parent / "notebooks"]
+    for folder in candidates:
+        if (folder / R.NOTEBOOKS[R.STAGES[0]]).exists():
+            return folder.resolve()
+    raise MissingInput("the stage notebooks were not found (run from the labkit checkout or pass --notebooks DIR)")
+
+
+def _kernel_env() -> dict[str, str]:
+    """Environment for the notebook kernels: quieter progress bars in archived notebooks."""
+    env = {"TQDM_MININTERVAL": "15", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return {"LABKIT_BATCH": "1", **{k: v for k, v in env.items() if k not in os.environ}}
+
+
+def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
+    """Execute one stage notebook of a run with papermill.
+
+    Args:
+        run: the run (its card.yaml is what the notebook loads).
+        stage: the stage name.
+        nb_dir: folder of the template notebooks.
+    Returns:
+        the stage's wall time in seconds.
+    Raises:
+        StageFailed: the notebook raised (its executed copy is kept up to the failing cell).
+    """
+    import papermill as pm
+
+    source = nb_dir / R.NOTEBOOKS[stage]
+    target = run.dir / "notebooks" / R.NOTEBOOKS[stage]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    os.environ.update(_kernel_env())
+    try:
+        pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},
+                            kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
+                            # the kernel's own log lines (transport warnings) would drown the progress lines;
+                            # everything the notebook prints or raises is kept in the executed notebook
+                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+    except pm.PapermillExecutionError as exc:
+        seconds = time.monotonic() - start
+        error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
+        interrupted = exc.ename == "TrainingInterrupted"
+        R.record(run, "stage_interrupted" if interrupted else "stage_failed", stage=stage, error=error,
+                 cell=exc.exec_count, seconds=round(seconds, 1))
+        raise (StageInterrupted if interrupted else StageFailed)(
+            f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
+    return time.monotonic() - start
+
+
+def _summary(run: R.Run) -> dict[str, Any]:
+    path = run.dir / "comparison" / "verdict.json"
+    if not path.exists():
+        return {}
+    verdict = io.read_json(path)
+    primary = verdict["primary"]
+    return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": round(primary["baseline"], 4),
+                                                                   "tuned": round(primary["tuned"], 4)}}
+
+
+class _Signals:
+    """SIGTERM / Ctrl-C while `labkit run` executes a stage.
+
+    During training the signal is passed on to the stage's kernel, which finishes its step, writes a
+    checkpoint and stops (the stage then fails with TrainingInterrupted, recorded as interrupted);
+    in any other stage, or on a second signal, the run stops at once (recorded as interrupted).
+    """
+
+    def __init__(self, run: R.Run) -> None:
+        self.run = run
+        self.stage = ""
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        kernel = self.run.status().get("stages", {}).get(self.stage, {}).get("pid")
+        if self.received is None and self.stage == "training" and kernel:
+            self.received = name
+            print(f"labkit: {name} — asking the training stage to checkpoint and stop (again to stop at once)",
+                  file=sys.stderr, flush=True)
+            try:
+                os.kill(int(kernel), signal.SIGTERM)
+                return
+            except ProcessLookupError:
+                pass
+        raise KeyboardInterrupt(name)
+
+
+def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[str], None]) -> None:
+    """Execute stages in order, recording failure and interruption (the run's status follows)."""
+    total = time.monotonic()
+    timings: dict[str, float] = {}
+    stage = stages[0]
+    beating = start_heartbeat(run.dir)
+    try:
+        with _Signals(run) as signals:
+            for i, stage in enumerate(stages, 1):
+                signals.stage = stage
+                log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
+                seconds = execute_stage(run, stage, nb_dir)
+                timings[stage] = round(seconds, 1)
+                log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
+    except StageInterrupted as exc:
+        R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
+        raise KeyboardInterrupt(str(exc)) from None
+    except StageFailed as exc:
+        R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
+        refresh_report(run, log)
+        raise
+    except KeyboardInterrupt:
+        R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
+        raise
+    except Exception as exc:  # noqa: BLE001 - the kernel died, papermill broke…: still recorded
+        R.record(run, "failed", status="failed", stage=stage, error=f"{type(exc).__name__}: {exc}"[:500], timings=timings)
+        raise
+    finally:
+        beating.set()
+    summary = _summary(run)
+    R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
+             summary=summary)
+    log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
+    refresh_report(run, log)
+
+
+def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> None:
+    """Rebuild the experiment's HTML report after a run changed (a failure to do so never fails the run).
+
+    LABKIT_REPORT=0 skips it (`labkit compare EXPERIMENT` builds it on demand).
+    """
+    if os.environ.get("LABKIT_REPORT") == "0":
+        return
+    try:
+        log(f"experiment report: {build_report(run.root, run.experiment)}")
+    except Exception as exc:  # noqa: BLE001 - the run's own results are already recorded
+        log(f"labkit: the experiment report was not refreshed ({type(exc).__name__}: {exc}); "
+            f"`labkit compare {run.experiment}` retries")
+
+
+def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
+             log: Callable[[str], None] = print) -> R.Run:
+    """Run the stages of one card in a new run folder.
+
+    Args:
+        loaded: the validated card.
+        root: the runs root.
+        nb_dir: the template notebooks.
+        stages: which stages, in order.
+        log: where progress lines go.
+    Returns:
+        the completed Run.
+    Raises:
+        StageFailed: a stage failed (the run is recorded as failed).
+        KeyboardInterrupt: interrupted (the run is recorded as interrupted).
+    """
+    check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+    run = R.new_run(loaded, root, mode="batch")
+    io.write_json(run.dir / "env.json", capture())
+    log(f"run {run.experiment}/{run.run_id}")
+    _execute(run, stages, nb_dir, log)
+    return run
+
+
+def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = print) -> R.Run:
+    """Continue an interrupted or failed run in this process: the stages not yet done, in order;
+    the training stage continues from its newest checkpoint.
+
+    Args:
+        run_id: the run's id (folder name), or its path.
+        root: the runs root.
+        nb_dir: the template notebooks.
+        log: where progress lines go.
+    Returns:
+        the completed Run.
+    """
+    run = R.find_run(run_id, root)
+    status = run.status()
+    if status["status"] in {"completed", "invalid"}:
+        raise RunStateError(f"{run.run_id} is {status['status']}: nothing to resume")
+    if status["status"] == "running":
+        if not is_dead(run.dir, status):
+            raise RunStateError(f"{run.run_id} is still running (pid {status.get('pid')}); stop it first")
+    done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
+    todo = tuple(s for s in R.STAGES if s not in done)
+    R.record(run, "resumed", status="running", from_stage=todo[0], pid=os.getpid())
+    R.set_owner(run, os.getpid())
+    io.write_json(run.dir / f"env.resumed-{io.utc_now().replace(':', '')}.json", capture())  # the machine may differ
+    log(f"resume {run.experiment}/{run.run_id} from {R.NOTEBOOKS[todo[0]]}")
+    _execute(run, todo, nb_dir, log)
+    return run
+
+
+def load_all(paths: list[str]) -> list[LoadedCard]:
+    """Validate every card before any run starts (a bad card creates no run folder)."""
+    return [load_card(p) for p in paths]
+
+
+def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path) -> R.Run:
+    """Run one stage of a card, into an existing run folder or a new one.
+
+    Returns:
+        the Run.
+    """
+    if run_dir:
+        run = R.Run(Path(run_dir).resolve())
+        if not run.status_path.exists():
+            raise MissingInput(f"{run_dir}: not a run folder (no status.json)")
+        if run.status().get("card_hash") != loaded.hash:
+            raise RunStateError(f"{run_dir} was made from another card (hash {run.status().get('card_hash')} ≠ {loaded.hash})")
+    else:
+        check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+        run = R.new_run(loaded, root, mode="batch")
+        io.write_json(run.dir / "env.json", capture())
+    seconds = execute_stage(run, stage, nb_dir)
+    print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir}", file=sys.stderr)
+    return run

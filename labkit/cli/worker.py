@@ -1,0 +1,72 @@
+"""The worker processes labkit starts itself; not for direct use.
+
+- `python -m labkit.cli.worker train RUN_DIR`: one process of stage 04's `accelerate launch`
+  (`labkit.stages.training`); every process builds the same trainer on its own device.
+- `python -m labkit.cli.worker reload-check EXPORT_DIR [--run RUN_DIR] [--sample N] [--device D]`: the
+  reload check of an export in a fresh process (`labkit.export.reload_check`), writing
+  EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from labkit.card.load import load_card
+from labkit.core import io
+from labkit.core.runs import Run
+from labkit.export.reload_check import check, summary
+from labkit.stages.context import Stage
+from labkit.stages.training import train
+
+
+def _train(args: argparse.Namespace) -> int:
+    run = Run(Path(args.run_dir).resolve())
+    stage = Stage("training", load_card(run.card_path), run, interactive=False)
+    if stage.device == "cuda":
+        stage.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # each process loads onto its own GPU
+    train(stage)
+    return 0
+
+
+def _reload_check(args: argparse.Namespace) -> int:
+    export_dir = Path(args.export_dir).resolve()
+    try:
+        report = check(export_dir, Path(args.run) if args.run else None, args.sample, args.device)
+    except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, with the reason
+        traceback.print_exc()
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        report = {"ok": False, "identical": False, "error": f"{type(exc).__name__}: {first}", "time": io.utc_now()}
+    io.write_json(export_dir / "reload_check.json", report)
+    print(("reload check passed: " if report["ok"] else "reload check FAILED: ") + summary(report))
+    return 0 if report["ok"] else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one worker.
+
+    Args:
+        argv: the arguments (default: sys.argv[1:]).
+    Returns:
+        the exit status.
+    """
+    parser = argparse.ArgumentParser(prog="python -m labkit.cli.worker", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="worker", required=True)
+    train_parser = sub.add_parser("train", help="one training process of an accelerate launch")
+    train_parser.add_argument("run_dir")
+    train_parser.set_defaults(func=_train)
+    reload_parser = sub.add_parser("reload-check", help="the reload check of an export")
+    reload_parser.add_argument("export_dir")
+    reload_parser.add_argument("--run", help="the run folder (default: the one recorded in export.json)")
+    reload_parser.add_argument("--sample", type=int, help="check only the first N evaluation batches (whole batches)")
+    reload_parser.add_argument("--device", help="cpu, cuda or mps (default: cpu unless the run used CUDA)")
+    reload_parser.set_defaults(func=_reload_check)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

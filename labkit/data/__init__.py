@@ -1,0 +1,1 @@
+"""Data: sources, the built-in generators, cleaning and splits, leakage, prompting and pair encoding, preparation."""

@@ -1,0 +1,199 @@
+"""Prepare a run's data once: load, clean, split, find leakage, write splits and the manifest.
+
+Writes (atomically, so a failure leaves nothing half-written):
+  data/train.jsonl data/validation.jsonl   the prepared splits (the test split is never written)
+  preprocessing/leakage.json              duplicate pairs within/across splits
+  data_manifest.json                      hashes, rules, counts: the data version
+
+The test split's rows are not kept anywhere: the manifest holds its size and sha256, and only
+`labkit final` (labkit.experiment.final.open_test_split) re-derives them from the card's source with the same
+pipeline (`derive_splits`) and checks them against that hash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import labkit
+from labkit.card.schema import Card
+from labkit.core import io
+from labkit.core.io import read_json, write_atomic, write_json
+from labkit.core.runs import Run
+from labkit.data import leakage
+from labkit.data import sources as D
+from labkit.data.pairs import preference_manifest
+from labkit.data.prompting import encode_example, encode_rows
+from labkit.errors import LeakageError, MissingInput, SplitLocked, UsageError
+
+
+def _tokenizer_identity(tokenizer: Any, revision: str) -> dict[str, Any]:
+    template = tokenizer.chat_template or ""
+    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "model_revision": revision,
+            "class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+            "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token,
+            "chat_template_sha256": D.sha256_text(template)}
+
+
+def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
+    spec = card.data.leakage
+    pairs = leakage.find_duplicates({name: [(r["id"], r["input"]) for r in rows] for name, rows in splits.items()},
+                                    threshold=spec.near_duplicate_threshold)
+    cross = [p for p in pairs if p["a_split"] != p["b_split"]]
+    dropped: list[str] = []
+    within_dropped: list[str] = []
+    if spec.within_split == "drop":  # keep the first of each pair (by id), drop the other
+        for p in pairs:
+            if p["a_split"] == p["b_split"]:
+                within_dropped.append(max(p["a_id"], p["b_id"]))
+        gone_within = set(within_dropped)
+        for name in splits:
+            splits[name] = [r for r in splits[name] if r["id"] not in gone_within]
+    if cross and spec.policy == "fail":
+        first = cross[0]
+        raise LeakageError(f"data.leakage: {len(cross)} train/eval duplicate pair(s), e.g. {first['a_split']}:{first['a_id']} ~ "
+                           f"{first['b_split']}:{first['b_id']} ({first['similarity']}); policy is fail "
+                           "(fix the data or set data.leakage.policy: drop_from_train)")
+    if spec.policy == "drop_from_train":
+        for p in cross:
+            for side in ("a", "b"):
+                if p[f"{side}_split"] == "train":
+                    dropped.append(p[f"{side}_id"])
+        gone = set(dropped)
+        splits["train"] = [r for r in splits["train"] if r["id"] not in gone]
+        if not splits["train"]:
+            raise D.DataError("data.leakage: every training row duplicates an evaluation row (nothing left to train on)")
+    report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
+              "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
+              "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped))}
+    return report, pairs
+
+
+@dataclass
+class DerivedSplits:
+    """What the splitting pipeline produced (all three splits, the test split included).
+
+    Attributes:
+        splits: {"train", "validation", "test"} -> rows sorted by id.
+        rows_loaded: rows read from the source.
+        source: the source's identity (what was read, its hash or revision).
+        planted: what the built-in dataset planted on purpose (None for other sources).
+        cleaning: one report per cleaning rule (removed ids, changed rows).
+        leakage: the leakage report (pairs, summary, dropped ids).
+    """
+
+    splits: dict[str, list[dict[str, Any]]]
+    rows_loaded: int
+    source: dict[str, Any]
+    planted: dict[str, Any] | None
+    cleaning: list[dict[str, Any]]
+    leakage: dict[str, Any]
+
+
+def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
+    """The splitting pipeline: load the source, map the fields, clean, split, apply the leakage policy.
+
+    Deterministic for a given card, source and tokenizer. It returns the test rows too, so only
+    `prepare` (which writes train and validation only) and `labkit.experiment.final.open_test_split` call it.
+
+    Args:
+        card: the card (data section).
+        tokenizer: the model's tokenizer (token-length cleaning rules).
+    Returns:
+        the DerivedSplits.
+    Raises:
+        DataError: bad data (one line naming the row or key); LeakageError under the `fail` policy.
+    """
+    raw, identity = D.load_source(card)
+    rows = D.map_fields(card, raw)
+    lengths: dict[str, int] = {}
+
+    def token_length(row: dict[str, Any]) -> int:  # a preference pair is as long as its longer answer
+        if row["id"] not in lengths:
+            answers = [row["target"]] + ([row["rejected"]] if "rejected" in row else [])
+            lengths[row["id"]] = max(encode_example(tokenizer, card, row["input"], a).full_len for a in answers)
+        return lengths[row["id"]]
+
+    rows, cleaning = D.apply_cleaning(card, rows, token_length)
+    splits = D.split_rows(card, rows)
+    leak_report, _ = _apply_leakage(card, splits)
+    planted = identity.pop("planted", None)
+    return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
+                         leakage=leak_report)
+
+
+def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
+    """Prepare the run's data (or return the existing manifest when it is already prepared).
+
+    Writes data/train.jsonl and data/validation.jsonl; the test rows are written nowhere (the
+    manifest keeps their count and sha256 for `labkit final`).
+
+    Args:
+        card: the card.
+        run: the run folder.
+        tokenizer: the model's tokenizer (token-length rules, tokenised hash).
+        model_revision: the base model's revision (recorded with the tokenizer identity).
+    Returns:
+        the data manifest.
+    """
+    manifest_path = run.dir / "data_manifest.json"
+    if manifest_path.exists():
+        return read_json(manifest_path)
+    derived = derive_splits(card, tokenizer)
+    splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
+    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows_)])
+                 for name, rows_ in splits.items() if name != "test"}
+    split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
+    version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
+    manifest = {
+        "data_version": version,
+        "source": derived.source,
+        "fields": card.data.fields.model_dump(),
+        "rows_loaded": derived.rows_loaded,
+        "cleaning": [{k: v for k, v in step.items() if k != "removed_ids"} | {"removed_ids": step["removed_ids"][:50]}
+                     for step in cleaning],
+        "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
+                  "sha256": split_hashes},
+        "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
+        "tokenizer": _tokenizer_identity(tokenizer, model_revision),
+        "tokenised_sha256": tokenised,
+        "prompt": card.data.prompt.model_dump(),
+        "labkit_version": labkit.__version__,
+        "max_length": card.data.max_length,
+    }
+    if card.data.fields.rejected:  # preference pairs: the rejected answers, versioned apart from the data version
+
+        manifest["preference"] = preference_manifest(tokenizer, card, splits)
+    for name, rows_ in splits.items():
+        if name == "test":
+            continue  # locked: re-derived and checked against split.sha256.test by `labkit final` only
+        write_atomic(run.dir / "data" / f"{name}.jsonl",
+                     "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows_))
+    stage = run.stage_dir("preprocessing")
+    write_json(stage / "leakage.json", leak_report)
+    write_json(stage / "cleaning.json", cleaning)
+    if derived.planted is not None:
+        write_json(stage / "planted.json", derived.planted)
+    write_json(manifest_path, manifest)  # last: its presence means the data is complete
+    return manifest
+
+
+def load_split(run: Run, name: str) -> list[dict[str, Any]]:
+    """Read a prepared split. The test split is locked: it is not written, only `labkit final` re-derives it.
+
+    Args:
+        run: the run.
+        name: "train" or "validation".
+    Returns:
+        the rows.
+    """
+    if name == "test":
+        raise SplitLocked("the test split is locked until the final decision (`labkit final RUN_ID` opens it once)")
+    if name not in D.SPLITS:
+        raise UsageError(f"unknown split {name!r} (expected train or validation)")
+    path = Path(run.dir) / "data" / f"{name}.jsonl"
+    if not (run.dir / "data_manifest.json").exists():
+        raise MissingInput(f"{run.dir}: data not prepared yet (run stage 01_baseline first)")
+    return io.read_jsonl(path)

@@ -1,0 +1,329 @@
+"""Data sources, field mapping, cleaning rules and the seeded, stratified split.
+
+Rows flow as plain dicts {"id", "input", "target", "category"} (plus "rejected" when the card maps
+preference pairs, data.fields.rejected); the file, line or row that a problem comes from is named in
+a one-line `DataError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.card.schema import Card
+from labkit.card.sections import PathSource
+from labkit.data.tickets import generate_tickets
+from labkit.errors import DataError
+
+# datasets takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
+# start fast
+
+SPLITS = ("train", "validation", "test")
+
+
+def sha256_text(text: str) -> str:
+    """Hex sha256 of a string."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_sha256(rows: list[dict[str, Any]]) -> str:
+    """The sha256 of a prepared split as the data version counts it: every field but the rejected answer.
+
+    The rejected answers are hashed apart (the manifest's `preference` block), so a preference variant
+    and an SFT variant of the same rows share one data version and one cached baseline; for rows without
+    a rejected answer this is `rows_hash`.
+    """
+    return rows_hash([{k: v for k, v in row.items() if k != "rejected"} for row in rows])
+
+
+def rows_hash(rows: list[dict[str, Any]]) -> str:
+    """Hex sha256 of rows as canonical JSON lines (the version of a prepared split)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row, sort_keys=True, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- loading
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
+            row["__where__"] = f"{path}:{number}"
+            rows.append(row)
+    return rows
+
+
+def _read_with_datasets(kind: str, **kwargs: Any) -> list[dict[str, Any]]:
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        dataset = datasets.load_dataset(kind, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        where = kwargs.get("data_files") or kind
+        raise DataError(f"{where}: could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    finally:
+        datasets.enable_progress_bars()
+    return [dict(row) for row in dataset]
+
+
+def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Read the card's data source.
+
+    Args:
+        card: the card (data.source; a path source is already absolute).
+    Returns:
+        (raw rows, identity) where identity records what was read and its hash or revision.
+    """
+    source = card.data.source
+    if isinstance(source, PathSource):
+        path = Path(source.path)
+        kind = source.format if source.format != "auto" else path.suffix.lstrip(".").lower()
+        identity = {"kind": "file", "path": str(path), "sha256": file_sha256(path), "format": kind}
+        if kind == "jsonl":
+            rows = _read_jsonl(path)
+        elif kind == "json":
+            try:
+                rows = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+            if not isinstance(rows, list):
+                raise DataError(f"{path}: expected a JSON list of objects (or use .jsonl)")
+        elif kind in {"csv", "parquet"}:
+            rows = _read_with_datasets(kind, data_files=str(path), split="train")
+        else:
+            raise DataError(f"{path}: unknown data format {kind!r} (use .jsonl, .json, .csv or .parquet, or data.source.format)")
+        for number, row in enumerate(rows, 1):
+            row.setdefault("__where__", f"{path}: row {number}")
+        return rows, identity
+    if hasattr(source, "hf"):
+        rows = _read_with_datasets(source.hf, name=source.config, revision=source.revision, split=source.split)
+        for number, row in enumerate(rows, 1):
+            row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
+        return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
+
+    rows, planted = generate_tickets(rows=source.rows, seed=source.seed, preference=True)
+    for number, row in enumerate(rows, 1):
+        row["__where__"] = f"builtin:tickets row {number}"
+    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
+                  "planted": planted}
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
+    if not path.is_file():
+        raise DataError(f"{path}: data file not found")
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _same_answer(a: str, b: str) -> bool:
+    """Whether two answers are the same: equal text, or equal JSON values (formatting aside)."""
+    if a.strip() == b.strip():
+        return True
+    try:
+        return json.loads(a) == json.loads(b)
+    except (json.JSONDecodeError, TypeError):
+        return False
+
+
+def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Map raw columns to {"id", "input", "target", "category"} following data.fields (and "rejected"
+    when data.fields.rejected names the rejected answer of a preference pair).
+
+    Raises:
+        DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
+            naming the row and the card key.
+    """
+    fields = card.data.fields
+    if not raw:
+        raise DataError("data.source: the source has no rows")
+    keys = ("input", "target", "category") + (("rejected",) if fields.rejected else ())
+    out, seen = [], set()
+    for number, row in enumerate(raw):
+        where = row.get("__where__", f"row {number + 1}")
+        mapped: dict[str, Any] = {}
+        for key in keys:
+            column = getattr(fields, key)
+            if column is None:
+                mapped[key] = None
+                continue
+            if column not in row:
+                present = ", ".join(k for k in row if k != "__where__")
+                raise DataError(f"{where}: no field {column!r} (data.fields.{key}; the row has: {present})")
+            value = row[column]
+            if key != "category" and not isinstance(value, str):
+                value = json.dumps(value) if isinstance(value, (dict, list)) else value
+            if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):
+                raise DataError(f"{where}: field {column!r} must be text, got {type(value).__name__}")
+            mapped[key] = str(value) if value is not None else value
+        if fields.rejected and mapped["target"].strip() and _same_answer(mapped["target"], mapped["rejected"]):
+            raise DataError(f"{where}: the rejected answer ({fields.rejected!r}, data.fields.rejected) equals the chosen "
+                            f"answer ({fields.target!r}, data.fields.target): a preference pair needs two different "
+                            "answers; fix or remove the row")
+        split_field = card.data.split.field
+        if split_field:
+            value = str(row.get(split_field, "")).strip().lower()
+            if value not in SPLITS:
+                raise DataError(f"{where}: field {split_field!r} (data.split.field) is {row.get(split_field)!r}; "
+                                f"expected one of {', '.join(SPLITS)}")
+            mapped["split"] = value
+        row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
+        if row_id in seen:
+            raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")
+        seen.add(row_id)
+        out.append({"id": row_id, **mapped})
+    return out
+
+
+# --------------------------------------------------------------------------- cleaning
+def _rule_name(rule: Any) -> tuple[str, Any]:
+    if isinstance(rule, str):
+        return rule, None
+    (name, value), = rule.items()
+    return name, value
+
+
+def apply_cleaning(card: Card, rows: list[dict[str, Any]],
+                   token_length: Callable[[dict[str, Any]], int] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Apply the card's cleaning rules in order.
+
+    Args:
+        card: the card (data.cleaning).
+        rows: mapped rows.
+        token_length: row -> tokens of the formatted example (needed by drop_longer_than_tokens).
+    Returns:
+        (kept rows, report) where report lists each rule with the rows it changed or removed.
+    """
+    report = []
+    for rule in card.data.cleaning:
+        name, value = _rule_name(rule)
+        before = len(rows)
+        removed: list[str] = []
+        changed = 0
+        if name in {"normalise_whitespace", "strip"}:
+            new_rows = []
+            for row in rows:
+                text = " ".join(row["input"].split()) if name == "normalise_whitespace" else row["input"].strip()
+                changed += text != row["input"]
+                new_rows.append({**row, "input": text})
+            rows = new_rows
+        elif name == "drop_empty":
+            removed = [r["id"] for r in rows if not r["input"].strip() or not r["target"].strip()
+                       or ("rejected" in r and not r["rejected"].strip())]
+        elif name == "drop_longer_than_chars":
+            removed = [r["id"] for r in rows if len(r["input"]) > value]
+        elif name == "drop_longer_than_tokens":
+            if token_length is None:
+                raise DataError("data.cleaning: drop_longer_than_tokens needs the tokenizer")
+            removed = [r["id"] for r in rows if token_length(r) > value]
+        elif name in {"drop_matching", "keep_matching"}:
+            pattern = re.compile(value.pattern)
+            keep = name == "keep_matching"
+            removed = [r["id"] for r in rows if bool(pattern.search(r[value.field] or "")) != keep]
+        elif name == "drop_target_failing_schema":
+            removed = [r["id"] for r in rows if not _target_follows(r["target"], value)]
+        elif name == "drop_exact_duplicates":
+            first: dict[str, str] = {}
+            for r in rows:
+                key = " ".join(r["input"].split()).casefold()
+                if key in first:
+                    removed.append(r["id"])
+                else:
+                    first[key] = r["id"]
+        if removed:
+            gone = set(removed)
+            rows = [r for r in rows if r["id"] not in gone]
+        shown = value.model_dump() if hasattr(value, "model_dump") else value
+        report.append({"rule": name if value is None else {name: shown}, "rows_before": before,
+                       "removed": len(removed), "removed_ids": removed, "changed": changed})
+    if not rows:
+        raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
+    for row in rows:
+        for key in ("input", "target", "rejected"):
+            if key in row and not row[key].strip():
+                what = "rejected answer (data.fields.rejected)" if key == "rejected" else key
+                raise DataError(f"row id {row['id']!r}: the {what} is empty or whitespace only after cleaning "
+                                "(add drop_empty to data.cleaning, or fix the row)")
+    return rows, report
+
+
+def _target_follows(target: str, schema: dict[str, Any]) -> bool:
+    """Whether a target parses as JSON and validates against a JSON Schema."""
+    import jsonschema  # a second to import: only cards with a schema rule pay it
+
+    try:
+        jsonschema.validate(json.loads(target), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- split
+def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Seeded split into train/validation/test, stratified by category when the card says so.
+
+    Every stratum is ordered by a seeded hash of the row ids and cut by the card's fractions
+    (rounded, at least one validation row per stratum of 3+ rows), so the split does not depend on
+    the order of the source rows. With `data.split.field` the data's own split column is used.
+
+    Returns:
+        {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
+    """
+    spec = card.data.split
+    if spec.field:
+        given: dict[str, list[dict[str, Any]]] = {
+            name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
+                         key=lambda r: r["id"]) for name in SPLITS}
+        return _check_splits(card, given, len(rows))
+    strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    stratify = spec.stratify
+    if stratify and stratify != "category":
+        raise DataError(f"data.split.stratify: {stratify!r}: only 'category' (the mapped category field) or null is supported")
+    for row in rows:
+        strata[str(row.get("category")) if stratify else "all"].append(row)
+    out: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLITS}
+    for key in sorted(strata):
+        members = sorted(strata[key], key=lambda r: sha256_text(f"{spec.seed}:{r['id']}"))
+        n = len(members)
+        n_val = round(n * spec.validation)
+        n_test = round(n * spec.test)
+        if n >= 3:
+            n_val = max(n_val, 1)
+            n_test = max(n_test, 1) if spec.test > 0 else 0
+        out["validation"] += members[:n_val]
+        out["test"] += members[n_val:n_val + n_test]
+        out["train"] += members[n_val + n_test:]
+    for name in SPLITS:
+        out[name].sort(key=lambda r: r["id"])
+    return _check_splits(card, out, len(rows))
+
+
+def _check_splits(card: Card, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:
+    for name in ("train", "validation"):
+        if not out[name]:
+            raise DataError(f"data.split: the {name} split is empty ({total} rows after cleaning; use more data or other fractions)")
+    if card.data.fields.category:
+        train_cats = {r["category"] for r in out["train"]}
+        for name in ("validation", "test"):
+            missing = sorted({r["category"] for r in out[name]} - train_cats)
+            if missing:
+                raise DataError(f"data.split: categor{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} "
+                                f"in {name} but not in train (add training rows for it or drop it)")
+    return out

@@ -1,0 +1,72 @@
+"""Batched greedy generation with left padding and a KV cache (the evaluation procedure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from labkit.card.schema import Card
+from labkit.data.prompting import prompt_ids
+
+# torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
+# start fast
+
+
+def batches(lengths: list[int], size: int) -> list[list[int]]:
+    """The evaluation's batches: row indices sorted by prompt length (less padding), in chunks of `size`.
+
+    Args:
+        lengths: the prompt length of each row, in token ids.
+        size: the batch size (`eval.batch_size`).
+    Returns:
+        lists of row indices, shortest prompts first; every batch but the last holds `size` rows.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    return [order[start:start + size] for start in range(0, len(order), size)]
+
+
+def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
+                     desc: str = "generating") -> list[str]:
+    """Generate an answer for each row with the card's evaluation procedure.
+
+    Prompts are built by `labkit.data.prompting` (as in training), sorted by length and left-padded into
+    batches of `eval.batch_size` (`batches`), decoded greedily up to `eval.max_new_tokens`, stopping
+    at EOS; the answers come back in the order of `rows`.
+
+    Args:
+        model: a causal LM (plain or PEFT), on its device.
+        tokenizer: its tokenizer.
+        card: the card (eval settings, prompt).
+        rows: prepared rows with `input`.
+        desc: progress bar label.
+    Returns:
+        the decoded answers, in the order of `rows`.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
+    answers: list[str] = [""] * len(prompts)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
+        for idx in batches([len(p) for p in prompts], card.eval.batch_size):
+            width = max(len(prompts[i]) for i in idx)
+            input_ids = torch.full((len(idx), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(idx), width), dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids = prompts[i]
+                input_ids[row, width - len(ids):] = torch.tensor(ids)
+                attention[row, width - len(ids):] = 1
+            out = model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=False,
+                max_new_tokens=card.eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                use_cache=True, temperature=None, top_p=None, top_k=None)
+            for row, i in enumerate(idx):
+                answers[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()
+            bar.update(len(idx))
+    if was_training:
+        model.train()
+    return answers

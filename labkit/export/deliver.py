@@ -1,0 +1,253 @@
+"""`labkit export RUN_ID`: deliver a completed run's adapter (or model), tied to its exact base, and check it.
+
+Writes `<run>/export/` (or `--out DIR`):
+  adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path + revision),
+                 labkit_base_model.json, the tokenizer (chat template, EOS/pad), generation_config.json
+                 (the evaluation's greedy decoding); `model/` instead for method full
+  merged/        with --merged: base + adapter merged (peft merge_and_unload), safetensors
+  README.md      the model card (labkit.export.model_card); results.json, limits.json, card.yaml, export.json
+  reload_check.json   the reload check run in a fresh process (labkit.export.reload_check)
+
+The export is built in a temporary folder and renamed into place, then checked; a failed check
+leaves it on disk, marked failed in reload_check.json, and raises ExportCheckFailed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from labkit.card.load import load_card
+from labkit.core import io
+from labkit.core import runs as R
+from labkit.errors import ExportCheckFailed, ExportRefused
+from labkit.export import model_card as modelcard
+from labkit.export.reload_check import load_base_float32, summary
+from labkit.model.sources import parse_source, resolve, sha256_file
+
+# peft, torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands
+# and card checks start fast
+
+SKIP = {"training_args.bin", "README.md"}  # trainer pickles and peft's template card are not delivered
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json")
+
+
+def exportable(run: R.Run) -> dict[str, Any]:
+    """Refuse a run that is not completed, is invalid, or has no trained weights or evaluation.
+
+    Args:
+        run: the run.
+    Returns:
+        its status.json.
+    Raises:
+        ExportRefused: one line naming the run, its status and what to do.
+    """
+    status = run.status()
+    name = f"{run.experiment}/{run.run_id}"
+    state = status.get("status")
+    if state == "invalid":
+        raise ExportRefused(f"cannot export {name}: the run is invalid ({status.get('invalid_reason')}); "
+                            "invalid runs stay in the registry but are not delivered — export a valid run")
+    if state != "completed":
+        raise ExportRefused(f"cannot export {name}: its status is {state!r}, not completed — finish it first "
+                            f"(`labkit run --resume {run.run_id}`), or export a completed run (`labkit runs`)")
+    weights = run.dir / "training" / "adapter"
+    if not weights.is_dir() or not any(weights.glob("*.safetensors")):
+        raise ExportRefused(f"cannot export {name}: {weights} holds no safetensors weights — rerun its training "
+                            f"stage (`labkit stage training CARD --run {run.dir}`)")
+    if not (run.dir / "comparison" / "tuned_predictions.jsonl").exists():
+        raise ExportRefused(f"cannot export {name}: comparison/tuned_predictions.jsonl is missing — run its "
+                            "comparison stage first (the reload check compares against it)")
+    return status
+
+
+def base_model_info(resolved: Any, card_hash: str, run_id: str) -> dict[str, Any]:
+    """The base model an export is tied to: source, exact revision, sha256 of the local weight files.
+
+    Args:
+        resolved: the resolved model source (labkit.model.sources.ResolvedModel).
+        card_hash: the run's card hash.
+        run_id: the run id.
+    Returns:
+        the content of labkit_base_model.json.
+    """
+    info: dict[str, Any] = {"source": resolved.source, "kind": resolved.kind, "revision": resolved.revision,
+                            "weights_sha256": {}, "details": resolved.details, "card_hash": card_hash, "run_id": run_id}
+    if resolved.kind == "hf":
+        info["hf_repo"] = parse_source(resolved.source)["repo"]
+    else:
+        folder = Path(resolved.location)
+        for path in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
+            info["weights_sha256"][path.name] = sha256_file(path)
+    return info
+
+
+def _save_tokenizer_and_generation(run: R.Run, card: Any, resolved: Any, dest: Path) -> Any:
+    """The run's tokenizer (as training saved it) and a greedy generation config, saved into dest."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(str(run.dir / "training" / "adapter"),
+                                              trust_remote_code=card.model.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as labkit.model.loading.load_tokenizer does
+    tokenizer.save_pretrained(str(dest))
+    try:  # the base's own generation settings stay (the evaluation ran with them), decoding is made greedy
+        generation = GenerationConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
+    except OSError:
+        generation = GenerationConfig()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    generation.update(do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
+                      max_new_tokens=card.eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+    generation.save_pretrained(str(dest))
+    return tokenizer
+
+
+def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> None:
+    src = run.dir / "training" / "adapter"
+    dest.mkdir(parents=True)
+    for path in src.iterdir():
+        if path.is_file() and path.name not in SKIP and path.name not in TOKENIZER_FILES and path.name != "labkit_base_model.json":
+            shutil.copy2(path, dest / path.name)
+    if method != "full":
+        config = io.read_json(dest / "adapter_config.json")
+        config["base_model_name_or_path"] = base.get("hf_repo") or base["source"]
+        config["revision"] = base["revision"]
+        (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    io.write_json(dest / "labkit_base_model.json", base)
+
+
+def _merge(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any]) -> str:
+    """Merge the adapter into the unquantised base (float32), save it in the card's dtype; returns that dtype."""
+    import torch
+    from peft import PeftModel
+    from transformers import GenerationConfig
+
+    model = PeftModel.from_pretrained(load_base_float32(resolved, card, "cpu"), str(adapter)).merge_and_unload()
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(card.model.dtype, torch.float32)
+    model = model.to(dtype)
+    model.generation_config = GenerationConfig.from_pretrained(str(adapter))
+    model.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+    io.write_json(dest / "labkit_base_model.json", {**base, "merged_from_adapter": True, "dtype": str(dtype).removeprefix("torch.")})
+    return str(dtype).removeprefix("torch.")
+
+
+def _load_snippet(export_dir: Path, weights: str, base: dict[str, Any], card: Any) -> list[str]:
+    if weights == "model":
+        load = ["model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).eval()"]
+    else:
+        base_line = (f"base = AutoModelForCausalLM.from_pretrained({base['hf_repo']!r}, revision={base['revision']!r}, dtype=torch.float32)"
+                     if base.get("hf_repo") else
+                     f"base_dir = resolve({base['source']!r}, {base['revision']!r}).location  # checks the exact revision\n"
+                     "base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)")
+        load = ["from peft import PeftModel", "from labkit.model.sources import resolve", *base_line.splitlines(),
+                "model = PeftModel.from_pretrained(base, where).eval()"]
+    system = [f"messages = [{{'role': 'system', 'content': {card.data.prompt.system.strip()!r}}}]"] if card.data.prompt.system else ["messages = []"]
+    return ["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig", "",
+            f"where = {str(export_dir / weights)!r}", *load,
+            "tokenizer = AutoTokenizer.from_pretrained(where)",
+            "generation = GenerationConfig.from_pretrained(where)  # greedy, as evaluated",
+            "text = 'your input here'", *system,
+            f"messages.append({{'role': 'user', 'content': {card.data.prompt.instruction!r}.replace('{{input}}', text)}})",
+            "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors='pt')",
+            "out = model.generate(**inputs, generation_config=generation)",
+            "print(tokenizer.decode(out[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))"]
+
+
+def run_reload_check(export_dir: Path, run_dir: Path, sample: int | None = None, device: str | None = None) -> dict[str, Any]:
+    """Run labkit.export.reload_check on an export in a fresh Python process and return its report.
+
+    Args:
+        export_dir: the export folder.
+        run_dir: the run folder.
+        sample: check only the first N evaluation batches (None: all).
+        device: cpu / cuda / mps (None: the check's default).
+    Returns:
+        reload_check.json as written by the check (an error report when the process died without one).
+    """
+    (export_dir / "reload_check.json").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "labkit.cli.worker", "reload-check", str(export_dir), "--run", str(run_dir)]
+    command += ["--sample", str(sample)] if sample else []
+    command += ["--device", device] if device else []
+    proc = subprocess.run(command, stdout=subprocess.PIPE, text=True, env={**os.environ, "LABKIT_BATCH": "1"})
+    path = export_dir / "reload_check.json"
+    if not path.exists():
+        io.write_json(path, {"ok": False, "identical": False, "error": f"the check process exited with {proc.returncode} "
+                            f"and wrote no report: {proc.stdout.strip()[-300:]}", "time": io.utc_now()})
+    return io.read_json(path)
+
+
+def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Path | None = None,
+           sample: int | None = None, device: str | None = None) -> dict[str, Any]:
+    """Export a completed run and check the export in a fresh process.
+
+    Args:
+        run_id_or_dir: a run id under `root`, or a run folder.
+        root: the runs root.
+        merged: also write merged/ (base + adapter merged).
+        out: the export folder (default `<run>/export`); an existing labkit export there is replaced.
+        sample: reload check on the first N evaluation batches only (None: all).
+        device: device of the reload check (None: cpu unless the run used CUDA).
+    Returns:
+        {"export_dir", "run_id", "ok", "reload_check", "merged", "method"}.
+    Raises:
+        ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation).
+        ExportCheckFailed: the reload check failed (the export stays on disk, marked failed).
+    """
+    run = R.find_run(str(run_id_or_dir), Path(root))
+    status = exportable(run)
+    loaded = load_card(run.card_path)
+    card = loaded.card
+    recorded = io.read_json(run.dir / "model_source.json") if (run.dir / "model_source.json").exists() else {}
+    card_dir = Path(status["card_source"]).parent if status.get("card_source") else run.dir
+    resolved = resolve(recorded.get("source", card.model.source), recorded.get("revision") or card.model.revision, base=card_dir)
+    base = base_model_info(resolved, status.get("card_hash", loaded.hash), run.run_id)
+    method = card.method.kind
+    weights = "model" if method == "full" else "adapter"
+    if merged and method == "full":
+        print("labkit: --merged ignored: method full exports the whole trained model (model/)", file=sys.stderr)
+        merged = False
+    out = Path(out).resolve() if out else run.dir / "export"
+    if out.exists() and any(out.iterdir()) and not (out / "export.json").exists():
+        raise ExportRefused(f"cannot export {run.run_id} into {out}: the folder exists and is not a labkit export — choose another --out")
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _copy_weights(run, tmp / weights, base, method)
+        tokenizer = _save_tokenizer_and_generation(run, card, resolved, tmp / weights)
+        merged_dtype = _merge(tmp / weights, tmp / "merged", resolved, card, tokenizer, base) if merged else None
+        results = modelcard.collect_results(run.dir)
+        limits = modelcard.observed_limits(run.dir, card, results, tokenizer)
+        io.write_json(tmp / "results.json", results)
+        io.write_json(tmp / "limits.json", limits)
+        shutil.copyfile(run.card_path, tmp / "card.yaml")
+        files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        io.write_json(tmp / "export.json", {"run_id": run.run_id, "experiment": run.experiment, "run_dir": str(run.dir),
+                                           "time": io.utc_now(), "method": method, "weights_dir": weights, "merged": merged,
+                                           "merged_dtype": merged_dtype, "base_model": {**base, "card_dir": str(card_dir)},
+                                           "files_sha256": files})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # nothing half-built is left behind
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+    report = run_reload_check(out, run.dir, sample, device)
+    info = {"run_id": run.run_id, "experiment": run.experiment, "card": card, "card_yaml": run.card_path.read_text(encoding="utf-8"),
+            "base": base, "manifest": io.read_json(run.dir / "data_manifest.json"), "env": modelcard.environment(run.dir),
+            "results": results, "limits": limits, "reload": report, "reload_summary": summary(report),
+            "weights_dir": weights, "merged": merged, "method": method, "load_snippet": _load_snippet(out, weights, base, card)}
+    io.write_atomic(out / "README.md", modelcard.render(info))
+    if not report.get("ok"):
+        R.record(run, "export_failed", export_dir=str(out), why=summary(report))
+        raise ExportCheckFailed(f"export of {run.experiment}/{run.run_id}: reload check failed — {summary(report)}; "
+                                f"the export is kept in {out} for inspection (see reload_check.json)")
+    R.record(run, "exported", export_dir=str(out), merged=merged, reload_check=summary(report))
+    return {"export_dir": str(out), "run_id": run.run_id, "ok": True, "reload_check": report, "merged": merged, "method": method}

@@ -1,0 +1,1 @@
+"""Models: sources resolved to an exact revision, tiny offline models, loading on the device, the method (full, LoRA, QLoRA)."""

@@ -1,0 +1,133 @@
+"""Apply the card's method (full, LoRA, QLoRA) and describe what is trainable.
+
+The same function wraps the model for the parameter check (stage 03) and for training (stage 04),
+so the check sees exactly what training will update.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from labkit.card.schema import Card
+from labkit.errors import MethodError
+
+# peft, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
+# card checks start fast
+
+
+def kind_of(name: str) -> str:
+    """A parameter's kind: the module name without layer numbers (model.layers.3.self_attn.q_proj.weight → self_attn.q_proj.weight)."""
+    name = name.replace("base_model.model.", "")
+    name = re.sub(r"\.(default|lora_A|lora_B)\.", lambda m: f".{m.group(1)}." if m.group(1) != "default" else ".", name)
+    return re.sub(r"(^|\.)(layers|h|blocks)\.\d+\.", r"\1\2.*.", name)
+
+
+def lora_config(card: Card) -> Any:
+    """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string)."""
+    from peft import LoraConfig
+
+    m = card.method
+    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
+                      modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none")
+
+
+def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
+    """Wrap or unfreeze the model as the card's method says.
+
+    Args:
+        model: the loaded base model (4-bit already for qlora).
+        card: the card (method, train.gradient_checkpointing).
+        meta: the model lives on the meta device (memory estimate): skip the k-bit preparation.
+    Returns:
+        the trainable model (a PeftModel for lora/qlora).
+    Raises:
+        MethodError: target modules match nothing, or a module to save does not exist.
+    """
+    method = card.method
+    if method.kind == "full":
+        for param in model.parameters():
+            param.requires_grad_(True)
+        return model
+    from peft import get_peft_model, prepare_model_for_kbit_training
+    from transformers import set_seed
+
+    set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
+    if method.kind == "qlora" and not meta:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+    targets = method.target_modules
+    config = lora_config(card)
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [m for m in method.modules_to_save if m not in names]
+    if missing:
+        raise MethodError(f"method.modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
+    try:
+        return get_peft_model(model, config)
+    except ValueError as exc:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ in {"Linear", "Linear4bit"}})
+        raise MethodError(f"method.target_modules {targets!r}: {str(exc).splitlines()[0]} "
+                          f"(linear modules of this model: {', '.join(linear)})") from None
+
+
+def parameter_table(model: Any) -> list[dict[str, Any]]:
+    """Trainable and total parameters by kind, with dtypes.
+
+    Args:
+        model: the (wrapped) model.
+    Returns:
+        rows {"kind", "tensors", "parameters", "trainable", "dtype"} sorted by kind, then a "total" row.
+    """
+    groups: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "parameters": 0, "trainable": 0, "dtype": set()})
+    for name, param in model.named_parameters():
+        group = groups[kind_of(name)]
+        count = _numel(param)
+        group["tensors"] += 1
+        group["parameters"] += count
+        group["trainable"] += count if param.requires_grad else 0
+        group["dtype"].add(_dtype_name(param))
+    rows = [{"kind": kind, **{k: v for k, v in g.items() if k != "dtype"}, "dtype": ",".join(sorted(g["dtype"]))}
+            for kind, g in sorted(groups.items())]
+    total = sum(r["parameters"] for r in rows)
+    trainable = sum(r["trainable"] for r in rows)
+    rows.append({"kind": "total", "tensors": sum(r["tensors"] for r in rows), "parameters": total,
+                 "trainable": trainable, "dtype": ""})
+    return rows
+
+
+def _numel(param: Any) -> int:
+    """Parameter count, undoing bitsandbytes' 4-bit packing (two values per byte)."""
+    if type(param).__name__ == "Params4bit" and getattr(param, "quant_state", None) is not None:
+        return int(param.quant_state.shape.numel())
+    return param.numel()
+
+
+def _dtype_name(param: Any) -> str:
+    if type(param).__name__ == "Params4bit":
+        quant = getattr(getattr(param, "quant_state", None), "quant_type", "4bit")
+        return f"{quant}(4-bit)"
+    return str(param.dtype).replace("torch.", "")
+
+
+def matched_modules(model: Any) -> list[dict[str, Any]]:
+    """Which module kinds carry LoRA adapters (or are fully trainable), and in how many layers.
+
+    Returns:
+        rows {"module", "layers", "adapted"} per linear module kind.
+    """
+    counts: dict[str, dict[str, int]] = defaultdict(lambda: {"layers": 0, "adapted": 0})
+    for name, module in model.named_modules():
+        if type(module).__name__ not in {"Linear", "Linear4bit", "Embedding"} or ".lora_" in name or "modules_to_save" in name:
+            continue
+        if name.endswith(".base_layer"):
+            continue
+        kind = re.sub(r"^.*?(layers|h|blocks)\.\d+\.", "", name.replace("base_model.model.", ""))
+        counts[kind]["layers"] += 1
+        adapted = hasattr(module, "lora_A") or any(p.requires_grad for p in module.parameters())
+        counts[kind]["adapted"] += int(adapted)
+    return [{"module": k, **v} for k, v in sorted(counts.items())]
+
+
+def trainable_names(model: Any) -> list[str]:
+    """Names of the parameters that require gradients."""
+    return [n for n, p in model.named_parameters() if p.requires_grad]

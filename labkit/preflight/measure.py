@@ -1,0 +1,259 @@
+"""Measure what a real training step costs: peak memory above the pre-step baseline, and wall time.
+
+On CUDA the peak is `torch.cuda.max_memory_allocated`. On the CPU it is the process's peak
+resident memory: Linux lets a process reset its high-water mark (VmHWM, via /proc/self/clear_refs),
+so the peak is exact; elsewhere a thread samples the resident size every millisecond. Freed heap
+memory is handed back to the OS (malloc_trim) before the baseline is read, so the baseline is what
+is really in use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from labkit.card.schema import Card
+from labkit.data.pairs import fixed_length_pairs
+from labkit.data.prompting import IGNORE, encode_rows
+from labkit.train.trainer import build_trainer
+
+# datasets, torch, transformers take seconds to import: imported inside the functions that use them, so `labkit`
+# commands and card checks start fast
+
+_STATUS = Path("/proc/self/status")
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        match = re.search(rf"^{key}:\s+(\d+) kB", _STATUS.read_text(), re.M)
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def _rss() -> int:
+    kib = _status_kib("VmRSS")
+    if kib is not None:
+        return kib * 1024
+
+    return psutil.Process().memory_info().rss
+
+
+def _trim() -> None:
+    """Return freed heap pages to the OS (glibc), so resident memory reflects live data."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def release_promptly() -> bool:
+    """Have glibc serve blocks of 64 KiB and more with mmap, so freed tensors leave the process at once.
+
+    By default glibc raises its mmap threshold after the first large free and keeps later blocks in
+    its heap, where freed memory stays resident; resident memory then overstates live tensors. Call it
+    before the process allocates much (stage 03 does it when it opens): set after a training step, the
+    heap that step left behind still inflates later measurements.
+
+    Returns:
+        whether the allocator accepted the settings (False off glibc).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, 1 << 16)) and bool(libc.mallopt(-1, 1 << 16))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
+def _reset_hwm() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return _status_kib("VmHWM") is not None
+
+
+def touch_weights(model: Any) -> None:
+    """Read every weight once: weights loaded from safetensors can be file-backed pages that only become
+    resident when first used, which would otherwise be counted as the step's memory."""
+    import torch
+
+    with torch.no_grad():
+        for tensor in list(model.parameters()) + list(model.buffers()):
+            if tensor.device.type == "cpu" and tensor.numel():
+                tensor.view(-1)[:: max(1, 4096 // max(tensor.element_size(), 1))].sum()
+
+
+class PeakMemory:
+    """Context manager: the peak memory above the baseline taken on entry.
+
+    Attributes (after exit):
+        method: "cuda max_memory_allocated", "VmHWM" or "sampled RSS".
+        baseline, peak, delta: bytes.
+    """
+
+    def __init__(self, device: str = "cpu") -> None:
+        self.device = device
+        self.method = ""
+        self.baseline = self.peak = self.delta = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        import torch
+
+        if self.device != "cuda":
+            release_promptly()
+        _trim()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            self.method, self.baseline = "cuda max_memory_allocated", torch.cuda.memory_allocated()
+            return self
+        self.baseline = _rss()
+        if _reset_hwm():
+            self.method = "VmHWM"
+        else:
+            self.method, self.peak = "sampled RSS", self.baseline
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            self.peak = torch.cuda.max_memory_allocated()
+        elif self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self.peak = max(self.peak, _rss())
+        else:
+            self.peak = (_status_kib("VmHWM") or 0) * 1024
+        self.delta = max(0, self.peak - self.baseline)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "baseline_bytes": self.baseline, "peak_bytes": self.peak, "delta_bytes": self.delta}
+
+
+def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]], seq_len: int, count: int,
+                         padded: bool = True) -> Any:
+    """Training examples of exactly `seq_len` tokens built from real rows (prompt masking kept).
+
+    Encoded rows are concatenated and cut at `seq_len`; with `padded`, every second row is one token
+    shorter, so each batch carries padding as dynamic padding almost always does.
+
+    Args:
+        tokenizer: the tokenizer.
+        card: the card.
+        rows: prepared training rows.
+        seq_len: tokens per example.
+        count: number of examples.
+        padded: make batches carry one padding position.
+    Returns:
+        a datasets.Dataset with input_ids and labels; for dpo/orpo cards, preference pairs whose chosen
+        sequence has `seq_len` tokens (`labkit.data.pairs.fixed_length_pairs`).
+    """
+    import datasets
+
+    if card.train.trainer != "sft":
+        return fixed_length_pairs(tokenizer, card, rows, seq_len, count)
+
+    encoded = encode_rows(tokenizer, card, rows)
+    if not encoded:
+        raise ValueError("fixed_length_dataset: no rows to build examples from")
+    examples, ids, labels, k = [], [], [], 0
+    while len(examples) < count:
+        while len(ids) < seq_len:
+            ids += encoded[k % len(encoded)].input_ids
+            labels += encoded[k % len(encoded)].labels
+            k += 1
+        cut = seq_len - (1 if padded and len(examples) % 2 else 0)
+        examples.append({"input_ids": ids[:cut], "labels": labels[:cut]})
+        ids, labels = ids[cut:], labels[cut:]
+    return datasets.Dataset.from_list(examples)
+
+
+def loss_fraction(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> float:
+    """The share of training tokens that carry a loss (completion tokens / all tokens), for the memory estimate.
+
+    Args:
+        tokenizer: the tokenizer.
+        card: the card (prompt, max_length).
+        rows: prepared training rows.
+    Returns:
+        a fraction in [0, 1] (1.0 when there are no rows: the upper bound).
+    """
+    encoded = encode_rows(tokenizer, card, rows)
+    tokens = sum(len(e.input_ids) for e in encoded)
+    return sum(sum(1 for x in e.labels if x != IGNORE) for e in encoded) / tokens if tokens else 1.0
+
+
+class _StepTimer:
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._t = 0.0
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        outer = self
+
+        class _Timer(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                outer._t = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+                outer.seconds.append(time.perf_counter() - outer._t)
+
+        return _Timer()
+
+
+def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
+                 output_dir: Path, device: str = "cpu", steps: int = 2, **overrides: Any) -> dict[str, Any]:
+    """Run `steps` complete training steps of the stage-04 trainer at `seq_len` and measure them.
+
+    The first step allocates the optimiser states; the second runs with them in place, so the peak
+    over both is the steady-state peak of training.
+
+    Args:
+        card: the card (micro-batch, optimiser, checkpointing, …).
+        model: the model after `apply_method`, freshly loaded (its weights are in the baseline).
+        tokenizer: the tokenizer.
+        rows: prepared training rows (their tokens fill the examples).
+        seq_len: tokens per example.
+        output_dir: scratch folder for the trainer.
+        device: the model's device.
+        steps: optimiser steps.
+        overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
+    Returns:
+        {"seq_len", "micro_batch", "memory": {...}, "step_seconds": [...], "seconds_per_step"}.
+    """
+    micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
+    accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
+    data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps)
+    timer = _StepTimer()
+    trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, max_steps=steps,
+                            lr_scheduler_type="constant", warmup_steps=0, logging_steps=steps, disable_tqdm=True,
+                            **overrides)
+    trainer.add_callback(timer.callback())
+    touch_weights(model)
+    with PeakMemory(device) as peak:
+        trainer.train()
+    return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, "memory": peak.as_dict(),
+            "step_seconds": timer.seconds, "seconds_per_step": timer.seconds[-1] if timer.seconds else None,
+            "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}

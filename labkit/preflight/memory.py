@@ -1,0 +1,319 @@
+"""Estimate the memory of one complete training step before anything is allocated.
+
+The model is built on PyTorch's `meta` device from its config (no weights, no memory) and the
+card's method is applied to it, so parameter counts, trainable sets and dtypes are exact. The
+activation term counts, per decoder layer and per token, the tensors autograd keeps for the
+backward pass of a Llama-style block (RMSNorm, rotary attention through SDPA, gated MLP); the loss
+term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
+on the CPU labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term
+is explained in the notebook of stage 03 and checked against a measurement there and in
+`bench/memory.py`.
+
+Preference trainers (train.trainer dpo/orpo) run the chosen and the rejected sequence of each pair in
+one forward, so a micro-batch of b pairs is 2b rows. DPO adds a reference forward without gradients
+(adapter off) after the policy's; ORPO has no fused head: it builds the full logits and a log-softmax
+of the chosen half, and their gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from labkit.card.schema import OPTIMIZERS, Card
+from labkit.model.loading import pick_dtype
+from labkit.model.method import apply_method
+
+# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
+# card checks start fast
+
+GIB = 1024**3
+TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE (TRL 1.16)
+VOCAB_TILE = 32768  # trl.trainer.utils._CHUNKED_LOGPROB_CHUNK_SIZE (TRL 1.16)
+# Live tile-sized buffers while TRL's fused head folds one tile, counted from its code paths:
+# Triton (CUDA) works in place on the one projection tile; the torch fallback (CPU: the DPO trainer's
+# head there) holds the tile and its elementwise temporaries (z, exp, masks; the gradient formula).
+TILES = {"triton": (1.0, 1.0), "torch": (4.25, 8.25)}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1, "int8": 1}
+
+
+@dataclass
+class Shape:
+    """What the estimate needs to know of a decoder-only model (read from its config)."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @property
+    def kv(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+def shape_of(config: Any) -> Shape:
+    """Read the layer count and widths from a transformers config (text part of multimodal ones)."""
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = c.num_attention_heads
+    return Shape(layers=c.num_hidden_layers, hidden=c.hidden_size, intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
+                 heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+                 head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab=c.vocab_size)
+
+
+def meta_model(config: Any, card: Card) -> Any:
+    """The card's model with its method applied, on the meta device (no memory is allocated).
+
+    Args:
+        config: the base model's transformers config.
+        card: the card (method, trust_remote_code).
+    Returns:
+        the (PEFT-wrapped for lora/qlora) model whose parameters live on `meta`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=card.model.trust_remote_code)
+    return apply_method(model, card, meta=True)
+
+
+def _quantised_names(model: Any) -> set[str]:
+    """Linear weights bitsandbytes would store in 4 bits (every Linear except the output head)."""
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    names = set()
+    for name, module in model.named_modules():
+        if type(module).__name__ == "Linear" and module is not out and ".lora_" not in name and "modules_to_save" not in name:
+            names.add(f"{name}.weight")
+    return names
+
+
+def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
+    """Weights by storage, trainable count and adapted linears of a meta model.
+
+    Args:
+        model: from `meta_model`.
+        card: the card (qlora quantisation settings).
+        dtype_bytes: bytes per weight of the loaded dtype.
+    Returns:
+        {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted", "head_trainable", "norms_trainable"}.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
+    q = getattr(card.method, "quantisation", None)
+    frozen = quant = trainable = trainable_bytes = 0
+    adapted: set[str] = set()
+    norms_trainable = head_trainable = False
+    for name, param in model.named_parameters():
+        short = name.replace("base_model.model.", "").replace(".base_layer", "")
+        if param.requires_grad:
+            trainable += param.numel()
+            # PEFT keeps adapters in fp32; fully trained weights (and saved modules) keep the loaded dtype
+            fp32 = "lora_" in short or card.method.kind == "qlora"
+            trainable_bytes += param.numel() * (4 if fp32 else dtype_bytes)
+            if "lora_A" in short:
+                adapted.add(short.split(".lora_A")[0].rsplit(".", 1)[-1])
+            elif "norm" in short:
+                norms_trainable = True
+            elif "lm_head" in short or "embed" in short:
+                head_trainable = True
+            if card.method.kind == "full" and param.dim() == 2 and "embed" not in short:
+                adapted.add(short.rsplit(".", 2)[-2])
+        elif short in quantised:
+            n = param.numel()
+            # 4-bit codes (2 per byte) + one absmax per 64 values (uint8 + fp32 per 256 blocks when double-quantised)
+            quant += n // 2 + (n // 64 + 4 * math.ceil(n / 64 / 256) if q.double_quant else 4 * (n // 64))
+        else:
+            frozen += param.numel() * (4 if card.method.kind == "qlora" else dtype_bytes)  # kbit prep upcasts the rest
+    return {"frozen_bytes": frozen, "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
+            "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable}
+
+
+def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
+    """Optimiser state of the trainable parameters: torch's AdamW keeps two moments in the parameter's dtype,
+    bitsandbytes' 8-bit variants one byte each (paged ones can spill to CPU memory under pressure)."""
+    per = OPTIMIZERS[optimizer][0]
+    return params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per
+
+
+def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True) -> dict[str, float]:
+    """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
+
+    Args:
+        shape: model widths.
+        card: the card (method: rank, dropout).
+        params: from `parameter_bytes` (which linears carry adapters or train fully).
+        seq_len: sequence length (the padding mask costs one value per key position).
+        padded: whether batches carry padding (dynamic padding almost always does).
+    Returns:
+        {tensor: values per token per layer}.
+    """
+    h, i, a, kv = shape.hidden, shape.intermediate, shape.heads, shape.kv
+    adapted = set(params["adapted"])
+    units: dict[str, float] = {"layer input (norm)": h, "post-attention residual (norm)": h,
+                               "norm scales": 2, "query after rotary": h, "attention output": h,
+                               "attention log-sum-exp": a, "gate, SiLU, up": 3 * i}
+    # SDPA keeps K and V; with a padding mask the GQA heads are repeated first, and the mask is kept
+    units["keys, values"] = 2 * h if padded else 2 * kv
+    if padded:
+        units["padding mask"] = seq_len
+    if adapted & {"q_proj", "k_proj", "v_proj"}:
+        units["normed input (q/k/v)"] = h
+    if adapted & {"gate_proj", "up_proj"}:
+        units["normed input (gate/up)"] = h
+    if "down_proj" in adapted:
+        units["gated product (down)"] = i
+    if params["norms_trainable"]:
+        units["normalised, before the norm weight"] = 2 * h
+    method = card.method
+    if method.kind in {"lora", "qlora"}:
+        widths = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": h, "gate_proj": h, "up_proj": h, "down_proj": i}
+        units["LoRA A outputs"] = method.r * len(adapted)
+        if method.dropout > 0:
+            # each adapter has its own dropout: the dropped input and its mask (1 byte per value)
+            units["LoRA dropout"] = sum(widths.get(m, h) for m in adapted) * 1.25
+    return units
+
+
+def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
+                  checkpointing: bool | None = None, optimizer: str | None = None, padded: bool = True,
+                  params: dict[str, Any] | None = None, loss_fraction: float = 1.0) -> dict[str, Any]:
+    """Estimate the peak memory of one complete training step (forward, loss, backward, optimiser update).
+
+    Args:
+        config: the base model's transformers config (nothing is loaded).
+        card: the card (method, train.micro_batch, train.optimizer, train.gradient_checkpointing, model.dtype).
+        seq_len: tokens per row.
+        micro_batch: examples per step (default: the card's); a preference pair is two rows.
+        device: "cuda" (Triton loss kernels, bf16 when supported) or "cpu".
+        checkpointing: activation checkpointing (default: the card's).
+        optimizer: one of OPTIMIZERS (default: the card's).
+        padded: whether the batch carries padding.
+        params: `parameter_bytes` of the card's meta model, when already computed (it does not depend on the batch).
+        loss_fraction: the share of positions that carry a loss (completion tokens / tokens, from the data; 1.0 is
+            the upper bound). On the CPU the loss head's logits cover only those positions.
+    Returns:
+        {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases", ...}.
+    """
+    b = micro_batch or card.train.micro_batch
+    ckpt = card.train.gradient_checkpointing if checkpointing is None else checkpointing
+    optim = optimizer or card.train.optimizer
+    shape = shape_of(config)
+    dtype = str(pick_dtype(card.model.dtype, device)).replace("torch.", "")
+    act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
+    params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
+    rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
+    tokens = rows * seq_len
+    per_layer = activation_units(shape, card, params, seq_len, padded)
+    layer_bytes = sum(per_layer.values()) * act_bytes * tokens
+    # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
+    saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
+    saved = saved_ckpt if ckpt else saved_plain
+    n = rows * (seq_len - 1)
+    head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
+    grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
+    if card.train.trainer == "sft" and device != "cuda":
+        # labkit's head (CPU): logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
+        logits = math.ceil(n * min(max(loss_fraction, 0.0), 1.0)) * shape.vocab
+        copy = 0 if act_bytes == 4 else 4 * logits
+        head_fwd = logits * act_bytes + copy + 4 * logits
+        head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
+    else:  # TRL's chunked fused head: tile-sized buffers, never the logits
+        tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
+        fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
+        head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile
+    head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
+    grads = params["trainable_bytes"]
+    opt_states = optimiser_bytes(params, optim)
+    activations = saved + head_saved
+    head_bwd += grad_hidden + head_grad
+    if card.train.trainer == "orpo":
+        # TRL's ORPO: the full logits of both halves, the chosen half's contiguous copy and log-softmax (its NLL term);
+        # in the backward the logits' gradient and one temporary of the same size
+        logits = tokens * shape.vocab * act_bytes
+        head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
+    phases = {"end of forward": activations + head_fwd, "start of backward (loss head)": activations + head_bwd,
+              "optimiser update": grads}
+    if card.train.trainer == "dpo":  # the reference forward (no gradients) while the policy's activations are kept
+        phases["reference forward (no grad)"] = activations + head_fwd + layer_bytes
+    if ckpt:
+        phases["backward of a recomputed layer"] = activations + layer_bytes + grad_hidden + head_grad
+    step = opt_states + max(phases.values())
+    weights = params["frozen_bytes"] + params["quantised_bytes"] + params["trainable_bytes"]
+    breakdown = {
+        "weights (frozen)": params["frozen_bytes"], "weights (4-bit)": params["quantised_bytes"],
+        "trainable parameters": params["trainable_bytes"], "gradients": grads, "optimiser states": opt_states,
+        "activations": activations, "loss head buffers": max(head_fwd, head_bwd),
+    }
+    alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
+    alternatives["activations, no checkpointing"] = saved_plain + head_saved
+    alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
+    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": device,
+            "loss_fraction": loss_fraction, "alternatives": alternatives,
+            "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
+            "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
+            "breakdown": breakdown, "phases": phases, "weights_bytes": weights, "step_bytes": step,
+            "peak_bytes": weights + step,
+            "trainer": card.train.trainer, "rows": rows, "unfused_logits_bytes": 3 * tokens * shape.vocab * 4}
+
+
+def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = "cpu",
+                        weights_bytes: float | None = None) -> dict[str, Any]:
+    """Memory of the evaluation-time generation: weights, KV cache at the eval batch size, last-position logits.
+
+    Args:
+        config: the base model's config.
+        card: the card (eval.batch_size, eval.max_new_tokens).
+        prompt_len: the longest prompt in tokens.
+        device: target device.
+        weights_bytes: loaded weights (from `estimate_step`), when known.
+    Returns:
+        {"kv_cache_bytes", "logits_bytes", "prefill_bytes", "peak_bytes", ...}.
+    """
+    shape = shape_of(config)
+    b = card.eval.batch_size
+    nbytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    total = prompt_len + card.eval.max_new_tokens
+    kv_cache = 2 * shape.layers * shape.kv * total * b * nbytes
+    logits = b * shape.vocab * 4 * 2  # last-position logits and their fp32 processing copy
+    prefill = b * prompt_len * (2 * shape.hidden + 2 * shape.intermediate) * nbytes  # one layer's transient at a time
+    return {"eval_batch": b, "tokens": total, "kv_cache_bytes": kv_cache, "logits_bytes": logits,
+            "prefill_bytes": prefill, "peak_bytes": (weights_bytes or 0) + kv_cache + logits + prefill}
+
+
+def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str = "cpu",
+                loss_fraction: float = 1.0) -> dict[str, Any]:
+    """Does a step fit in `free_bytes`? If not, the largest micro-batch that does, with and without checkpointing.
+
+    Args:
+        config, card, seq_len, device, loss_fraction: as for `estimate_step`.
+        free_bytes: memory available to the step and the weights.
+
+    Returns:
+        {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
+    """
+    dtype_bytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
+    est = estimate_step(config, card, seq_len, device=device, params=params, loss_fraction=loss_fraction)
+    if est["peak_bytes"] <= free_bytes:
+        spare = free_bytes - est["peak_bytes"]
+        return {"fits": True, "spare_bytes": spare, "options": [],
+                "message": f"fits with {spare / GIB:.2f} GiB spare at micro-batch {est['micro_batch']}, {seq_len} tokens"}
+    options = []
+    for ckpt in (False, True):
+        for mb in range(est["micro_batch"], 0, -1):
+            peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
+                                 params=params, loss_fraction=loss_fraction)["peak_bytes"]
+            if peak <= free_bytes:
+                options.append({"micro_batch": mb, "checkpointing": ckpt, "peak_bytes": peak})
+                break
+    if options:
+        best = options[0]
+        message = (f"needs micro-batch {best['micro_batch']}" + (" with activation checkpointing" if best["checkpointing"] else "")
+                   + f" (× grad_accum {math.ceil(est['micro_batch'] / best['micro_batch']) * card.train.grad_accum} to keep the batch)")
+    else:
+        message = "does not fit even at micro-batch 1 with checkpointing: use qlora, a shorter max_length or a larger device"
+    return {"fits": False, "spare_bytes": free_bytes - est["peak_bytes"], "options": options, "message": message}

@@ -1,0 +1,1 @@
+"""Metrics on generated answers and their paired bootstrap intervals (imports nothing else of labkit)."""

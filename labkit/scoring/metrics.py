@@ -1,0 +1,197 @@
+"""Metrics on generated answers: JSON validity and fields, per-category P/R/F1, ROUGE-L.
+
+Every example is scored on its own (kept as data for paired comparisons), then aggregated
+overall and per category.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections import defaultdict
+from typing import Any, Iterable
+
+# rouge_score takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
+# checks start fast
+
+# name -> (what it needs, what it means); the card's primary metric and guardrails must be one of these.
+METRICS: dict[str, tuple[str, str]] = {
+    "json_valid_rate": ("json", "share of answers that are exactly one JSON object"),
+    "field_presence_rate": ("json", "share of required keys present in the answer"),
+    "field_accuracy": ("json", "share of required keys whose value equals the reference"),
+    "accuracy": ("category", "share of answers whose category equals the reference"),
+    "macro_f1": ("category", "unweighted mean of per-category F1"),
+    "per_category_f1": ("category", "F1 of each category (guardrails judge every category)"),
+    "exact_match": ("any", "answer equals the reference after whitespace normalisation"),
+    "rouge_l": ("any", "ROUGE-L F-measure against the reference"),
+}
+
+INVALID = "<none>"
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+@functools.cache
+def _scorer() -> Any:
+    """rouge_score's scorer, built on first use (rouge_score imports nltk: half a second every card load would pay)."""
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+
+
+def parse_json_answer(text: str) -> tuple[dict[str, Any] | None, bool]:
+    """Parse a model answer as a JSON object.
+
+    Args:
+        text: the generated answer.
+    Returns:
+        (object or None, strict) where strict is True only when the whole answer (stripped) is one
+        JSON object. A fenced block or an object embedded in prose is still parsed (so fields can be
+        scored) but is not strict.
+    """
+    stripped = text.strip()
+    try:
+        obj = json.loads(stripped)
+        if isinstance(obj, dict):
+            return obj, True
+    except (json.JSONDecodeError, ValueError):
+        pass
+    fenced = _FENCE.match(stripped)
+    candidates = [fenced.group(1)] if fenced else []
+    start = stripped.find("{")
+    if start >= 0:
+        try:
+            obj, _ = json.JSONDecoder().raw_decode(stripped[start:])
+            candidates.append(json.dumps(obj))
+        except (json.JSONDecodeError, ValueError):
+            pass
+    for candidate in candidates:
+        try:
+            obj = json.loads(candidate)
+        except (json.JSONDecodeError, ValueError):
+            continue
+        if isinstance(obj, dict):
+            return obj, False
+    return None, False
+
+
+def _norm(value: Any) -> str:
+    return " ".join(str(value).split()).casefold()
+
+
+def score_example(prediction: str, target: str, fmt: dict[str, Any]) -> dict[str, Any]:
+    """Score one answer against its reference.
+
+    Args:
+        prediction: generated text.
+        target: reference text (a JSON string for kind json).
+        fmt: the card's data.target_format as a dict (kind, required_keys, category_key).
+    Returns:
+        dict of per-example values (json_valid, field_presence, field_accuracy, predicted_category,
+        exact_match, rouge_l).
+    """
+    out: dict[str, Any] = {
+        "exact_match": float(_norm(prediction) == _norm(target)),
+        "rouge_l": _scorer().score(target, prediction)["rougeL"].fmeasure if target.strip() else 0.0,
+    }
+    if fmt["kind"] == "json":
+        keys = fmt["required_keys"]
+        gold, _ = parse_json_answer(target)
+        if gold is None:
+            raise ValueError(f"reference is not a JSON object: {target[:80]!r}")
+        obj, strict = parse_json_answer(prediction)
+        obj = obj or {}
+        out["json_valid"] = float(strict)
+        out["field_presence"] = sum(k in obj for k in keys) / len(keys)
+        out["field_accuracy"] = sum(k in obj and _norm(obj[k]) == _norm(gold.get(k)) for k in keys) / len(keys)
+        key = fmt.get("category_key")
+        out["predicted_category"] = _norm(obj[key]) if key and key in obj else INVALID
+    elif fmt["kind"] == "label":
+        out["predicted_category"] = _norm(prediction) or INVALID
+    return out
+
+
+def per_class_f1(gold: list[str], predicted: list[str]) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support for each gold class (answers outside them are misses).
+
+    Args:
+        gold: reference labels.
+        predicted: predicted labels (may contain labels not in gold, or INVALID).
+    Returns:
+        {label: {precision, recall, f1, support}}; 0.0 where undefined.
+    """
+    labels = sorted(set(gold))
+    tp: dict[str, int] = defaultdict(int)
+    fp: dict[str, int] = defaultdict(int)
+    fn: dict[str, int] = defaultdict(int)
+    for g, p in zip(gold, predicted, strict=True):
+        if g == p:
+            tp[g] += 1
+        else:
+            fn[g] += 1
+            fp[p] += 1
+    out = {}
+    for label in labels:
+        precision = tp[label] / (tp[label] + fp[label]) if tp[label] + fp[label] else 0.0
+        recall = tp[label] / (tp[label] + fn[label]) if tp[label] + fn[label] else 0.0
+        f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        out[label] = {"precision": precision, "recall": recall, "f1": f1, "support": tp[label] + fn[label]}
+    return out
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def aggregate(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> dict[str, Any]:
+    """Aggregate scored examples into overall and per-category metrics.
+
+    Args:
+        rows: examples with `category` (reference, may be None) and the keys of `score_example`.
+        fmt: the card's data.target_format as a dict.
+    Returns:
+        {"n", "overall": {metric: value}, "per_category": {category: {metric: value}}}.
+    """
+    if not rows:
+        raise ValueError("no examples to score (the evaluation split is empty)")
+    per_example_keys = [k for k in ("json_valid", "field_presence", "field_accuracy", "exact_match", "rouge_l") if k in rows[0]]
+    names = {"json_valid": "json_valid_rate", "field_presence": "field_presence_rate"}
+    overall = {names.get(k, k): _mean(r[k] for r in rows) for k in per_example_keys}
+    per_category: dict[str, dict[str, Any]] = {}
+    has_category = all(r.get("category") is not None for r in rows)
+    if has_category:
+        gold = [_norm(r["category"]) for r in rows]
+        for cat in sorted(set(gold)):
+            members = [r for r, g in zip(rows, gold) if g == cat]
+            per_category[cat] = {names.get(k, k): _mean(r[k] for r in members) for k in per_example_keys}
+        if "predicted_category" in rows[0]:
+            predicted = [r["predicted_category"] for r in rows]
+            f1 = per_class_f1(gold, predicted)
+            for cat, values in f1.items():
+                per_category[cat].update(values)
+            overall["accuracy"] = _mean(float(g == p) for g, p in zip(gold, predicted))
+            overall["macro_f1"] = _mean(v["f1"] for v in f1.values())
+    return {"n": len(rows), "overall": overall, "per_category": per_category}
+
+
+def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Score a list of predictions.
+
+    Args:
+        rows: dicts with id, category, target, prediction.
+        fmt: the card's data.target_format as a dict.
+    Returns:
+        (per-example rows with their scores, aggregated metrics).
+    """
+    scored = [{**r, **score_example(r["prediction"], r["target"], fmt)} for r in rows]
+    return scored, aggregate(scored, fmt)
+
+
+def metric_value(metrics: dict[str, Any], name: str) -> float | dict[str, float]:
+    """Look up a metric by name: a float, or {category: f1} for per_category_f1."""
+    if name == "per_category_f1":
+        return {cat: vals["f1"] for cat, vals in metrics["per_category"].items() if "f1" in vals}
+    if name not in metrics["overall"]:
+        raise KeyError(f"metric {name!r} was not computed (available: {', '.join(sorted(metrics['overall']))})")
+    return metrics["overall"][name]

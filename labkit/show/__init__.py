@@ -1,0 +1,1 @@
+"""What the notebooks and the report show: tables, plots and tokenised examples."""

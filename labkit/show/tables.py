@@ -1,0 +1,64 @@
+"""Small display helpers for the notebooks: tables as DataFrames, markdown and HTML."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# IPython, pandas take seconds to import: imported inside the functions that use them, so `labkit` commands and card
+# checks start fast
+
+
+def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None = None, digits: int = 3) -> Any:
+    """A pandas DataFrame of rows (or of one {key: value} mapping), floats rounded.
+
+    Args:
+        rows: a list of dicts, or a mapping shown as two columns.
+        columns: the columns to keep, in order.
+        digits: rounding of floats.
+    Returns:
+        a DataFrame (rendered as an HTML table by Jupyter).
+    """
+    import pandas as pd
+
+    if isinstance(rows, dict):
+        rows = [{"key": k, "value": v} for k, v in rows.items()]
+    frame = pd.DataFrame(rows)
+    if columns:
+        frame = frame[[c for c in columns if c in frame.columns]]
+    return frame.round(digits)
+
+
+def metrics_table(named: dict[str, dict[str, Any]]) -> Any:
+    """Overall metrics of several models side by side ({label: metrics})."""
+    names = sorted({m for v in named.values() for m in v["overall"]})
+    return table([{"metric": m, **{label: v["overall"].get(m) for label, v in named.items()}} for m in names])
+
+
+def per_category_table(named: dict[str, dict[str, Any]], metrics: tuple[str, ...] = ("f1", "field_accuracy")) -> Any:
+    """Per-category metrics of several models side by side."""
+    cats = sorted({c for v in named.values() for c in v["per_category"]})
+    rows = []
+    for cat in cats:
+        row: dict[str, Any] = {"category": cat}
+        for label, v in named.items():
+            values = v["per_category"].get(cat, {})
+            row["support"] = values.get("support", row.get("support"))
+            for metric in metrics:
+                if metric in values:
+                    row[f"{metric} · {label}"] = values[metric]
+        rows.append(row)
+    return table(rows)
+
+
+def md(text: str) -> Any:
+    """Markdown for display."""
+    from IPython.display import Markdown
+
+    return Markdown(text)
+
+
+def html(text: str) -> Any:
+    """HTML for display."""
+    from IPython.display import HTML
+
+    return HTML(text)

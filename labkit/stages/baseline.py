@@ -1,0 +1,79 @@
+"""Stage 01 (notebooks/01_baseline.ipynb): measure the base model on the held-out split before any training.
+
+The baseline of an experiment is cached by the hash of (model revision, evaluation data, evaluation
+procedure) and shared by its variants.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+from labkit.core import io
+from labkit.data.sources import sha256_text
+from labkit.evaluate.procedure import evaluate_rows
+
+
+def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Generate on the card's evaluation split and score; save `<label>_predictions.jsonl` and `<label>_metrics.json`.
+
+    Args:
+        stage: the open Stage.
+        model: the model to evaluate.
+        label: file prefix and progress label ("baseline", "tuned").
+    Returns:
+        (per-example rows with scores, aggregated metrics).
+    """
+    rows = stage.split(stage.card.eval.split)
+    scored, metrics = evaluate_rows(model, stage.tokenizer, stage.card, rows, label)
+    stage.save_jsonl(f"{label}_predictions.jsonl", scored)
+    stage.save_json(f"{label}_metrics.json", metrics)
+    return scored, metrics
+
+
+def baseline_key(stage: Any) -> str:
+    """Hash of what makes two baselines the same measurement."""
+    card = stage.card
+    manifest = stage.prepare_data()
+    what = {
+        "model_revision": stage.model_source.revision,
+        "model_dtype": card.model.dtype,
+        "eval_split_sha256": manifest["split"]["sha256"][card.eval.split],
+        "chat_template_sha256": manifest["tokenizer"]["chat_template_sha256"],
+        "eval": card.eval.model_dump(),
+        "prompt": card.data.prompt.model_dump(),
+        "target_format": card.data.target_format.model_dump(),
+        "max_length": card.data.max_length,
+    }
+    return sha256_text(json.dumps(what, sort_keys=True))[:16]
+
+
+def run_baseline(stage: Any) -> dict[str, Any]:
+    """Measure the base model (or reuse this experiment's cached measurement of the same thing).
+
+    Args:
+        stage: the open baseline Stage.
+    Returns:
+        {"metrics", "rows", "cached": bool, "key"}.
+    """
+    key = baseline_key(stage)
+    cache = stage.run.root / stage.run.experiment / "_baseline" / key
+    files = ("baseline_predictions.jsonl", "baseline_metrics.json")
+    if all((cache / f).exists() for f in files):
+        for name in files:
+            shutil.copyfile(cache / name, stage.path(name))
+        cached = True
+    else:
+        model = stage.load_model(quantize=False)
+        evaluate(stage, model, "baseline")
+        del model
+        cache.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            shutil.copyfile(stage.path(name), cache / name)
+        io.write_json(cache / "measured_by.json", {"run_id": stage.run.run_id, "time": io.utc_now()})
+        cached = False
+    rows = io.read_jsonl(stage.path(files[0]))
+    metrics = io.read_json(stage.path(files[1]))
+    stage.save_json("baseline_key.json", {"key": key, "cached": cached, "cache": str(cache)})
+    return {"metrics": metrics, "rows": rows, "cached": cached, "key": key}

@@ -1,0 +1,178 @@
+"""The notebooks' entry point: open a stage of a run, give it the card, data, model and a place to write.
+
+`open_stage("baseline", card, run_dir)` works the same under papermill (run_dir given by `labkit run`)
+and interactively (run_dir "" → the newest unfinished interactive run of this card, or a new one).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from labkit.card.load import LoadedCard, load_card
+from labkit.core import io
+from labkit.core import runs as R
+from labkit.core.environment import capture
+from labkit.core.heartbeat import start_heartbeat
+from labkit.core.protocol import check_protocol
+from labkit.data.prepare import load_split, prepare
+from labkit.errors import MissingInput, UsageError
+from labkit.model.loading import load_model, load_tokenizer, pick_device
+from labkit.model.sources import ResolvedModel, resolve
+from labkit.preflight.measure import release_promptly
+
+# tqdm, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
+# card checks start fast
+
+
+class Stage:
+    """One stage of one run, as seen from its notebook.
+
+    Attributes:
+        name: stage name (baseline, preprocessing, parameter_check, training, comparison).
+        loaded: the validated card and its provenance.
+        card: the card.
+        run: the run folder.
+        out: this stage's data folder.
+        device: cuda, mps or cpu.
+    """
+
+    def __init__(self, name: str, loaded: LoadedCard, run: R.Run, interactive: bool) -> None:
+        self.name = name
+        self.loaded = loaded
+        self.card = loaded.card
+        self.run = run
+        self.out = run.stage_dir(name)
+        self.interactive = interactive
+        self.device = pick_device()
+        self._start = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r})"
+
+    # ------------------------------------------------------------------ model and data
+    @cached_property
+    def model_source(self) -> ResolvedModel:
+        """The resolved base model (fetched and converted once, then cached)."""
+        resolved = resolve(self.card.model.source, self.card.model.revision, base=self.loaded.path.parent)
+        path = self.run.dir / "model_source.json"
+        if not path.exists():
+            io.write_json(path, {"source": resolved.source, "kind": resolved.kind, "location": resolved.location,
+                                "revision": resolved.revision, "details": resolved.details})
+        return resolved
+
+    @cached_property
+    def tokenizer(self) -> Any:
+        """The base model's tokenizer."""
+        return load_tokenizer(self.model_source, self.card)
+
+    @cached_property
+    def model_config(self) -> Any:
+        """The base model's transformers config (read from its folder; no weights are loaded)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(self.model_source.location, trust_remote_code=self.card.model.trust_remote_code,
+                                          **self.model_source.from_pretrained_kwargs())
+
+    def load_model(self, quantize: bool = True) -> Any:
+        """Load the base model on this stage's device (4-bit for qlora unless quantize=False)."""
+        return load_model(self.model_source, self.card, self.device, quantize=quantize)
+
+    def prepare_data(self) -> dict[str, Any]:
+        """Prepare the run's splits once (see labkit.data.prepare) and return the data manifest."""
+        return prepare(self.card, self.run, self.tokenizer, self.model_source.revision)
+
+    def split(self, name: str) -> list[dict[str, Any]]:
+        """Rows of a prepared split ("train" or "validation"; the test split is locked)."""
+        self.prepare_data()
+        return load_split(self.run, name)
+
+    # ------------------------------------------------------------------ results as data
+    def path(self, name: str) -> Path:
+        """A file in this stage's folder."""
+        return self.out / name
+
+    def save_json(self, name: str, data: Any) -> Path:
+        """Write JSON into this stage's folder (atomically) and return its path."""
+        io.write_json(self.path(name), data)
+        return self.path(name)
+
+    def save_jsonl(self, name: str, rows: list[dict[str, Any]]) -> Path:
+        """Write JSON lines into this stage's folder (atomically)."""
+        io.write_jsonl(self.path(name), rows)
+        return self.path(name)
+
+    def read(self, stage: str, name: str) -> Any:
+        """Read a data file another stage wrote (JSON or JSONL), with a clear error when it is missing."""
+        path = self.run.dir / stage / name
+        if not path.exists():
+            raise MissingInput(f"{path} is missing: run the {stage} stage of this run first")
+        if name.endswith(".jsonl"):
+            return io.read_jsonl(path)
+        return io.read_json(path)
+
+    def done(self, **summary: Any) -> dict[str, Any]:
+        """Record the stage as done (status.json and registry) with a short summary.
+
+        Returns:
+            the summary written to <stage>/summary.json.
+        """
+        summary = {"stage": self.name, "seconds": round(time.monotonic() - self._start, 1), **summary}
+        self.save_json("summary.json", summary)
+        extra = {k: summary[k] for k in ("data_version",) if k in summary}  # the run records its data version
+        R.record(self.run, "stage_done", stage=self.name, seconds=summary["seconds"], **extra)
+        if self.interactive and self.name == R.STAGES[-1]:
+            R.record(self.run, "completed", status="completed")
+        return summary
+
+
+def _quiet_batch() -> None:
+    """Plain-text progress bars under `labkit run` (widgets do not survive in archived notebooks), and no
+    library-internal deprecation noise a user cannot act on."""
+    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    if os.environ.get("LABKIT_BATCH") == "1":
+        import tqdm.auto
+        import tqdm.std
+
+        tqdm.auto.tqdm = tqdm.std.tqdm  # before transformers/datasets import it
+
+
+def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
+    """Open a stage for a notebook.
+
+    Args:
+        name: the stage.
+        card: path of the card (the run's archived card.yaml under `labkit run`).
+        run_dir: the run folder; "" when the notebook is run by hand.
+    Returns:
+        the Stage.
+    """
+    if name not in R.STAGES:
+        raise UsageError(f"unknown stage {name!r} (expected one of {', '.join(R.STAGES)})")
+    _quiet_batch()
+    if name == "parameter_check":
+        release_promptly()  # before any model is loaded, so the memory measurements read live tensors
+    loaded = load_card(card)
+    interactive = not run_dir
+    if run_dir:
+        run = R.Run(Path(run_dir).resolve())
+        if not run.status_path.exists():
+            raise MissingInput(f"{run_dir} is not a run folder (no status.json); leave run_dir empty to start one")
+    else:
+        root = R.runs_root(loaded.path.parent)
+        run = R.find_interactive_run(loaded, root)
+        if run is None:
+            check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+            run = R.new_run(loaded, root, mode="interactive")
+    if not (run.dir / "env.json").exists():
+        io.write_json(run.dir / "env.json", capture())
+    R.record(run, "stage_started", stage=name, pid=os.getpid())
+
+    start_heartbeat(run.dir)  # lets `labkit runs` tell a live run from one whose process died
+    stage = Stage(name, loaded, run, interactive)
+    print(f"labkit · {loaded.card.experiment.id}/{run.run_id} · stage {name} · device {stage.device}")
+    return stage

@@ -1,0 +1,151 @@
+"""Stage 02's view of the data after the full preprocessing: lengths, checks, samples, planted problems."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from labkit.card.schema import Card
+from labkit.data.pairs import check_pairs, encode_pairs
+from labkit.data.prompting import Encoded, check_encoded, encode_rows
+from labkit.errors import PreprocessingCheckFailed
+
+# transformers takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
+# checks start fast
+
+
+def category_counts(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """Rows per category in each split."""
+    return {name: dict(sorted(Counter(str(r.get("category")) for r in rows).items())) for name, rows in splits.items()}
+
+
+def length_stats(card: Card, encoded: dict[str, list[Encoded]]) -> dict[str, Any]:
+    """Token lengths per split: quantiles, truncation rate, share of rows whose completion was cut."""
+    out: dict[str, Any] = {}
+    for split, encs in encoded.items():
+        lengths = sorted(e.full_len for e in encs)
+        if not lengths:
+            continue
+        cut = [e for e in encs if e.truncated and e.full_len - card.data.max_length > 0]
+        out[split] = {
+            "rows": len(lengths), "min": lengths[0], "p50": lengths[len(lengths) // 2],
+            "p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))], "max": lengths[-1],
+            "truncated_rate": sum(e.truncated for e in encs) / len(encs),
+            "completion_cut_rate": sum(e.prompt_len < card.data.max_length for e in cut) / len(encs),
+            "prompt_only_rate": sum(e.prompt_len >= card.data.max_length for e in encs) / len(encs),
+        }
+    return out
+
+
+def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
+    """Encode every split as training does and run the template/mask checks on each.
+
+    For dpo/orpo cards every row is a preference pair (`labkit.data.pairs.EncodedPair`): both sequences
+    are checked, and the two answers must differ.
+
+    Returns:
+        (encodings per split, check rows with split, check, ok, failed_ids, explanation).
+    """
+    encode, check_all = encode_rows, check_encoded
+    if card.train.trainer != "sft":
+        encode, check_all = encode_pairs, check_pairs
+    encoded = {name: encode(tokenizer, card, rows) for name, rows in splits.items()}
+    checks = []
+    for name, rows in splits.items():
+        for check in check_all(tokenizer, rows, encoded[name]):
+            checks.append({"split": name, **check, "failed": len(check["failed_ids"]),
+                           "failed_ids": check["failed_ids"][:20]})
+    return encoded, checks
+
+
+def _eos_ids(value: Any) -> set[int]:
+    if value is None:
+        return set()
+    return set(value) if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, Any]]:
+    """Checks that the tokenizer and chat template fit the model they are used with.
+
+    Args:
+        resolved: the resolved model source (its config is read, not its weights).
+        tokenizer: the tokenizer used for training and evaluation.
+        card: the card (prompt).
+    Returns:
+        check rows like `run_checks` (split "model", no row ids).
+    """
+    from transformers import AutoConfig, GenerationConfig
+
+    kwargs = {"trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
+    config = AutoConfig.from_pretrained(resolved.location, **kwargs)
+    try:
+        generation = GenerationConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
+    except OSError:
+        generation = None
+    declared = _eos_ids(getattr(config, "eos_token_id", None)) | _eos_ids(getattr(generation, "eos_token_id", None))
+    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}]
+    rendered = tokenizer.apply_chat_template(probe, tokenize=False)
+    tail = rendered.split("ANSWER", 1)[-1]
+    rows = [
+        ("the tokenizer's EOS is an end token the model declares", not declared or tokenizer.eos_token_id in declared,
+         f"tokenizer EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) vs the model's {sorted(declared)}: "
+         "generation would not stop where training taught it to"),
+        ("every token id has an embedding row", vocab is None or len(tokenizer) <= vocab,
+         f"{len(tokenizer)} tokenizer entries vs {vocab} embedding rows: a tokenizer of another model?"),
+        ("the chat template closes the answer with the EOS token", tokenizer.eos_token in tail,
+         f"after the answer the template writes {tail!r}, not the EOS {tokenizer.eos_token!r}: the model learns to "
+         "stop with a token that generation does not stop on"),
+    ]
+    return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],
+             "explanation": why} for check, ok, why in rows]
+
+
+def raise_on_failed(checks: list[dict[str, Any]]) -> None:
+    """Stop the stage when a check failed, naming the check and the offending rows."""
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        lines = [f"{c['split']}: {c['check']} — "
+                 + (f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: " if c["failed_ids"] else "")
+                 + c["explanation"] for c in failed]
+        raise PreprocessingCheckFailed(" | ".join(lines))
+
+
+def pick_samples(splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Encoded]],
+                 per_category: int = 2) -> list[tuple[str, Encoded]]:
+    """Representative training samples: `per_category` of each category, plus the longest and shortest.
+
+    Returns:
+        [(title, encoding)] in display order.
+    """
+    rows, encs = splits["train"], encoded["train"]
+    by_cat: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_cat.setdefault(str(row.get("category")), []).append(i)
+    chosen: list[tuple[str, int]] = []
+    for cat in sorted(by_cat):
+        for i in by_cat[cat][:per_category]:
+            chosen.append((f"{rows[i]['id']} · category {cat}", i))
+    order = sorted(range(len(rows)), key=lambda i: encs[i].full_len)
+    chosen.append((f"{rows[order[-1]]['id']} · longest ({encs[order[-1]].full_len} tokens)", order[-1]))
+    chosen.append((f"{rows[order[0]]['id']} · shortest ({encs[order[0]].full_len} tokens)", order[0]))
+    return [(title, encs[i]) for title, i in chosen]
+
+
+def planted_vs_found(planted: dict[str, Any], leakage_report: dict[str, Any], cleaning: list[dict[str, Any]]) -> dict[str, Any]:
+    """Compare the built-in generator's planted problems with what preparation found.
+
+    Returns:
+        {"duplicates": {"planted", "found", "missed", "unexpected"}, "empty": {...}, "overlong": {...}, "ok": bool}.
+    """
+    want = {frozenset(p) for p in planted["exact_duplicates"] + planted["near_duplicates"]}
+    got = {frozenset((p["a_id"], p["b_id"])) for p in leakage_report["pairs"]}
+    removed = {rid for step in cleaning for rid in step["removed_ids"]}
+    gone = {p for p in want if p & removed}  # a cleaning rule removed one side before the search
+    dup = {"planted": len(want), "found": len(got & want), "removed_by_cleaning": len(gone),
+           "missed": sorted("~".join(sorted(p)) for p in want - got - gone),
+           "unexpected": sorted("~".join(sorted(p)) for p in got - want)}
+    empty = {"planted": planted["empty"], "removed": sorted(set(planted["empty"]) & removed)}
+    overlong = {"planted": planted["overlong"], "removed": sorted(set(planted["overlong"]) & removed)}
+    ok = not dup["missed"] and not dup["unexpected"] and empty["planted"] == empty["removed"] and overlong["planted"] == overlong["removed"]
+    return {"duplicates": dup, "empty": empty, "overlong": overlong, "ok": ok}

@@ -1,0 +1,157 @@
+"""Stage 04's training, in the notebook's kernel or on every process of an `accelerate launch`.
+
+`run(stage)` trains in the kernel for `distributed.launcher: none`; for `accelerate` it writes an
+accelerate config next to the run's data (archived with the run) and launches
+`python -m labkit.cli.worker train RUN_DIR` on every process, each building the same trainer. Either
+way rank 0 writes `training/outcome.json`, `log_history.jsonl` and the adapter, and the stage reads
+those files, never process output.
+
+The worker process is `labkit.cli.worker` (`accelerate launch --config_file … -m labkit.cli.worker train RUN_DIR`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from labkit.core import io
+from labkit.data.prompting import encode_rows
+from labkit.errors import TrainingInterrupted
+from labkit.model.method import apply_method
+from labkit.train.distributed import accelerate_config, launch_command
+from labkit.train.packing import isolation_check
+from labkit.train.resilience import last_checkpoint
+from labkit.train.trainer import build_trainer, loss_history
+
+# transformers (labkit.train.early_stopping) takes seconds to import: imported inside the functions that use them, so
+# `labkit` commands and card checks start fast
+
+
+def train(stage: Any) -> dict[str, Any]:
+    """Train the card's method on the run's training split, continuing from the newest checkpoint.
+
+    Args:
+        stage: the training Stage (card, run, tokenizer, data, device).
+    Returns:
+        the outcome: {"steps", "metrics", "budget_exhausted", "interrupted", "resumed_from", "world_size",
+        "best_step", "early_stopped", "early_stopping" (labkit.train.early_stopping.summary, or None)}.
+    """
+    from labkit.train.early_stopping import summary as early_stopping_summary
+
+    card = stage.card
+    model = apply_method(stage.load_model(), card)
+    if card.train.packing:
+        _check_packing(stage, model)
+    validation = stage.split("validation")
+    trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
+                            eval_rows=validation, device=stage.device, checkpoints=True)
+    resume_from = last_checkpoint(stage.path("trainer"))
+    if trainer.is_world_process_zero():
+        print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    interrupted = trainer.labkit_interruption.report(stage.path("trainer"), stage.run.run_id)
+    outcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
+               "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
+               "interrupted": interrupted, "best_step": trainer.state.best_global_step,
+               "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None}
+    outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
+                                    and not outcome["budget_exhausted"] and not interrupted)
+    # which checkpoint became the adapter, and why (the metric's value at each evaluation)
+    outcome["early_stopping"] = early_stopping_summary(trainer.state, card, len(validation), outcome["early_stopped"])
+    if trainer.is_world_process_zero():
+        stage.save_jsonl("log_history.jsonl", loss_history(trainer))
+        if not outcome["interrupted"]:
+            adapter_dir = stage.path("adapter")
+            trainer.save_model(str(adapter_dir))
+            stage.tokenizer.save_pretrained(adapter_dir)
+            save_adapter_info(adapter_dir, stage)
+        stage.save_json("outcome.json", outcome)
+    return outcome
+
+
+def _check_packing(stage: Any, model: Any) -> None:
+    """Before training packed: each of a few examples must have the same loss packed as alone."""
+    examples = [{"input_ids": e.input_ids, "labels": e.labels}
+                for e in encode_rows(stage.tokenizer, stage.card, stage.split("train")[:6])]
+    check = isolation_check(model, examples, stage.card.data.max_length)
+    stage.save_json("packing_check.json", check)
+    if not check["ok"]:
+        raise RuntimeError(f"packing would let examples attend to each other: a packed example's loss differs by "
+                           f"{check['max_difference']:.2e} (tolerance {check['tolerance']:.0e}); set train.packing: false")
+
+
+def run(stage: Any) -> dict[str, Any]:
+    """Train for the stage: in this process, or through `accelerate launch` as the card says.
+
+    Returns:
+        the outcome written by rank 0.
+    Raises:
+        TrainingInterrupted: a signal stopped training after a checkpoint.
+        RuntimeError: the launched training failed (with the end of its output).
+    """
+    outcome_path = stage.path("outcome.json")
+    outcome_path.unlink(missing_ok=True)
+    if stage.card.distributed.launcher == "accelerate":
+        _launch(stage)
+    else:
+        train(stage)
+    outcome = io.read_json(outcome_path)
+    if outcome["interrupted"]:
+        raise TrainingInterrupted(outcome["interrupted"])
+    return outcome
+
+
+def _launch(stage: Any) -> None:
+    """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers."""
+    config = stage.path("accelerate_config.yaml")
+    io.write_atomic(config, accelerate_config(stage.card, stage.device))
+    command = launch_command(config, stage.run.dir)
+    print("$ " + " ".join(command), flush=True)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, "LABKIT_WORKER": "1"})
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _forward(signum: int, frame: Any) -> None:
+        # to the training workers only (they agree on a step, checkpoint and exit 0); the launcher itself
+        # would otherwise start killing them after its own timeout
+
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        workers = [c for c in children if "labkit.cli.worker" in " ".join(_cmdline(c))]
+        for worker in workers or [psutil.Process(proc.pid)]:
+            worker.send_signal(signal.SIGTERM)
+
+    for sig in previous:
+        signal.signal(sig, _forward)
+    tail: list[str] = []
+    try:
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            tail = (tail + [line.rstrip()])[-30:]
+        proc.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if proc.returncode != 0 and not stage.path("outcome.json").exists():
+        raise RuntimeError(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
+
+
+def _cmdline(process: Any) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - gone or not ours
+        return []
+
+
+def save_adapter_info(path: Path, stage: Any) -> None:
+    """Tie a saved adapter to the exact base model revision (written next to adapter_config.json)."""
+    io.write_json(path / "labkit_base_model.json", {"source": stage.model_source.source,
+                                                   "revision": stage.model_source.revision,
+                                                   "card_hash": stage.loaded.hash, "run_id": stage.run.run_id})

@@ -1,0 +1,193 @@
+"""`labkit export`: the export of the smoke run reloads in a fresh process and reproduces the run.
+
+Real components throughout: the smoke run of `labkit run params/smoke.yaml` (tiny offline Llama),
+copied so the shared fixture is never modified; the reload check runs as its own process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, SECRETS, TOKEN_FILE_SECRET
+
+from labkit.cli.main import build_parser
+from labkit.cli.main import main as cli_main
+from labkit.core import io
+from labkit.core import runs as R
+from labkit.errors import ExportRefused
+from labkit.export.deliver import export
+from labkit.export.reload_check import RTOL, WEIGHTS_ATOL, weights_vs_run
+
+
+def _copy_root(smoke_run, dest: Path) -> Path:
+    """Copy the smoke run's runs root; return the copied run folder."""
+    run_dir, _ = smoke_run
+    shutil.copytree(run_dir.parent.parent, dest)
+    return dest / run_dir.parent.name / run_dir.name
+
+
+@pytest.fixture(scope="module")
+def exported(smoke_run, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The smoke run exported with merged/ (its reload check ran in a fresh process)."""
+    run = _copy_root(smoke_run, tmp_path_factory.mktemp("export") / "runs")
+    result = export(run.name, run.parent.parent, merged=True)
+    return run, result
+
+
+def test_reload_reproduces_the_runs_predictions_exactly(exported) -> None:
+    run, result = exported
+    report = io.read_json(run / "export" / "reload_check.json")
+    assert result["ok"] and report["ok"], report
+    expected = [json.loads(line) for line in (run / "comparison" / "tuned_predictions.jsonl").read_text().splitlines() if line]
+    assert report["identical"] and report["mismatches"] == []
+    assert report["total"] == report["evaluation_rows"] == len(expected)  # every row, no sampling
+    assert report["weights_match_run"]["ok"]
+    assert report["base"]["resolved_revision"] == report["base"]["revision"]
+    assert all(report["tokenizer"][k] for k in ("chat_template_sha256_matches", "eos_matches", "pad_matches"))
+    events = [e for e in R.read_registry(run.parent.parent) if e["run_id"] == run.name]
+    assert events[-1]["event"] == "exported" and events[-1]["status"] == "completed"
+
+
+def test_merged_and_unmerged_agree_within_tolerance(exported) -> None:
+    run, _ = exported
+    report = io.read_json(run / "export" / "reload_check.json")
+    assert RTOL == 1e-4 and report["tolerance"] == pytest.approx(RTOL * max(1.0, report["logits_max_abs"]))
+    assert "float32" in report["tolerance_rule"]
+    assert 0 <= report["logits_max_abs_diff"] <= report["tolerance"]
+    assert report["merged_weights"]["ok"] and report["merged_weights"]["max_abs_diff"] <= WEIGHTS_ATOL
+    merged = run / "export" / "merged"
+    assert (merged / "model.safetensors").exists() and (merged / "config.json").exists()
+    assert not (merged / "adapter_config.json").exists()  # loadable without peft
+
+
+def test_adapter_is_tied_to_the_exact_base_revision(exported) -> None:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    from labkit.model.sources import resolve, sha256_file
+
+    run, _ = exported
+    adapter = run / "export" / "adapter"
+    source = io.read_json(run / "model_source.json")
+    config = io.read_json(adapter / "adapter_config.json")
+    assert config["base_model_name_or_path"] == "tiny:llama" == source["source"]
+    assert config["revision"] == source["revision"] and len(config["revision"]) == 64
+    base = io.read_json(adapter / "labkit_base_model.json")
+    assert base["source"] == "tiny:llama" and base["revision"] == source["revision"]
+    weights = Path(resolve("tiny:llama").location) / "model.safetensors"
+    assert base["weights_sha256"] == {"model.safetensors": sha256_file(weights)}
+    assert (adapter / "adapter_model.safetensors").exists() and not (adapter / "training_args.bin").exists()
+    tokenizer = AutoTokenizer.from_pretrained(adapter)
+    generation = GenerationConfig.from_pretrained(adapter)
+    assert tokenizer.chat_template and tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
+    assert generation.do_sample is False and generation.num_beams == 1
+    assert generation.eos_token_id == tokenizer.eos_token_id and generation.max_new_tokens == 24
+
+
+def test_model_card_has_revision_results_and_limits(exported) -> None:
+    run, _ = exported
+    out = run / "export"
+    text = (out / "README.md").read_text()
+    revision = io.read_json(run / "model_source.json")["revision"]
+    verdict = io.read_json(run / "comparison" / "verdict.json")
+    assert revision in text and "Reload check: **passed**" in text
+    assert "## Hypothesis" in text and "plumbing check" in text
+    assert "## Results against the base model" in text and "| `field_accuracy` | 0.000 |" in text
+    assert verdict["verdict"] in text and "Test split not opened" in text
+    assert io.read_json(run / "data_manifest.json")["data_version"] in text
+    assert "## Observed limits" in text and "truncation at max_length 400" in text and "Failure examples" in text
+    assert "PeftModel.from_pretrained(base, where)" in text
+    limits = io.read_json(out / "limits.json")
+    assert limits["truncation"]["source"] == "preprocessing/lengths.json"
+    assert limits["truncation"]["dropped_for_length"] == [{"rule": {"drop_longer_than_tokens": 400}, "removed": 1}]
+    assert len(limits["failure_examples"]) == 3 and limits["guardrails_failed"] == {"validation": []}
+    results = io.read_json(out / "results.json")
+    assert results["test_opened"] is False and results["validation"]["verdict"]["verdict"] == verdict["verdict"]
+    export_json = io.read_json(out / "export.json")
+    assert "adapter/adapter_model.safetensors" in export_json["files_sha256"]
+    secrets = [*SECRETS.values(), TOKEN_FILE_SECRET]  # the smoke run planted these in its environment
+    for path in out.rglob("*"):
+        if path.is_file():
+            blob = path.read_bytes()
+            assert not any(s.encode() in blob for s in secrets), path
+
+
+def test_tampered_export_is_reported_failing(exported, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    run, _ = exported
+    tampered = tmp_path / "export"
+    shutil.copytree(run / "export", tampered)
+    weights = tampered / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    name = "base_model.model.model.layers.1.self_attn.o_proj.lora_B.weight"
+    tensors[name][0, 0] += 1e-6  # a change no greedy answer of a tiny model would show
+    save_file(tensors, weights, metadata={"format": "pt"})
+    assert weights_vs_run(tampered / "adapter", run / "training" / "adapter")["differing"] == ["adapter_model.safetensors"]
+    generator = torch.Generator().manual_seed(0)
+    tensors[name] += 3.0 * torch.randn(tensors[name].shape, generator=generator)  # one tensor, large enough to show
+    save_file(tensors, weights, metadata={"format": "pt"})
+    proc = subprocess.run([sys.executable, "-m", "labkit.cli.worker", "reload-check", str(tampered), "--run", str(run), "--sample", "1"],
+                          cwd=REPO, capture_output=True, text=True, env=dict(os.environ), timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "reload check FAILED" in proc.stdout
+    report = io.read_json(tampered / "reload_check.json")
+    assert report["ok"] is False and report["identical"] is False
+    assert report["total"] == report["batch_size"] == 8 and report["sample_batches"] == 1  # one whole batch
+    first = report["mismatches"][0]
+    assert first["run"] != first["export"] and first["id"]
+    assert report["weights_match_run"]["ok"] is False and report["merged_weights"]["ok"] is False
+
+
+def test_non_completed_and_invalid_runs_are_refused(smoke_run, tmp_path: Path, capsys) -> None:
+    run_dir = _copy_root(smoke_run, tmp_path / "runs")
+    root = run_dir.parent.parent
+    status = io.read_json(run_dir / "status.json")
+    io.write_json(run_dir / "status.json", {**status, "status": "interrupted"})
+    with pytest.raises(ExportRefused, match=rf"{run_dir.name}: its status is 'interrupted', not completed .*labkit run --resume"):
+        export(run_dir.name, root)
+    assert cli_main(["--runs", str(root), "export", run_dir.name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not completed" in err and run_dir.name in err
+    R.record(R.Run(run_dir), "invalidated", status="invalid", why="leaked test rows")
+    with pytest.raises(ExportRefused, match=r"the run is invalid \(leaked test rows\)"):
+        export(run_dir.name, root)
+    assert not (run_dir / "export").exists()
+    assert not any(e["event"] == "exported" for e in R.read_registry(root))
+
+
+def test_add_command_builds_the_subcommand() -> None:
+    args = build_parser().parse_args(["--runs", "/x", "export", "some-run", "--merged", "--out", "/y", "--sample", "2"])
+    assert (args.run, args.merged, args.out, args.sample, args.device) == ("some-run", True, "/y", 2, None)
+    assert callable(args.func)
+
+
+def test_model_card_reports_the_test_split_when_final_opened_it(exported, tmp_path: Path) -> None:
+    from labkit.card.load import load_card
+    from labkit.export import model_card as modelcard
+
+    run, _ = exported
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("export", "training", "notebooks"))
+    final = copy / "final"  # the files `labkit final` writes, here with the validation numbers standing in
+    final.mkdir()
+    shutil.copyfile(copy / "baseline" / "baseline_metrics.json", final / "baseline_metrics.json")
+    for name in ("tuned_metrics.json", "verdict.json"):
+        shutil.copyfile(copy / "comparison" / name, final / name)
+    io.write_json(final / "opening.json", {"when": "2026-12-01T00:00:00Z", "opening": 1, "reopen": False, "test_rows": 10})
+    card = load_card(copy / "card.yaml").card
+    results = modelcard.collect_results(copy)
+    limits = modelcard.observed_limits(copy, card, results)
+    assert results["test_opened"] and set(limits["guardrails_failed"]) == {"validation", "test"}
+    info = {"run_id": run.name, "experiment": "smoke", "card": card, "card_yaml": "", "base": {"source": "tiny:llama", "revision": "r"},
+            "manifest": io.read_json(copy / "data_manifest.json"), "env": modelcard.environment(copy), "results": results,
+            "limits": limits, "reload": None, "weights_dir": "adapter", "merged": False, "method": "lora", "load_snippet": []}
+    text = modelcard.render(info)
+    assert "Opened by `labkit final` on 2026-12-01T00:00:00Z (opening #1), 10 test rows." in text
+    assert "Test split not opened" not in text and "failing guardrails (test): none" in text

@@ -1,0 +1,63 @@
+"""Methods on the tiny model: what is trainable, seeded adapter init, target names/regex, and a target list that matches nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import REPO
+
+from labkit.card.load import load_card
+from labkit.errors import MethodError
+from labkit.model.loading import load_model
+from labkit.model.method import apply_method, matched_modules, parameter_table
+
+
+@pytest.fixture
+def card():
+    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+
+
+def test_lora_all_linear_and_seeded_init(card, tiny_model) -> None:
+    a = apply_method(load_model(tiny_model, card, "cpu"), card)
+    b = apply_method(load_model(tiny_model, card, "cpu"), card)
+    lora_a = {n: p for n, p in a.named_parameters() if "lora_A" in n}
+    assert lora_a and all(torch.equal(p, dict(b.named_parameters())[n]) for n, p in lora_a.items())
+    table = {r["kind"]: r for r in parameter_table(a)}
+    assert table["total"]["trainable"] == sum(p.numel() for p in a.parameters() if p.requires_grad)
+    assert all(r["trainable"] == 0 for k, r in table.items() if "lora_" not in k and k != "total")
+    adapted = {r["module"]: r for r in matched_modules(a)}
+    assert adapted["self_attn.q_proj"]["adapted"] == adapted["self_attn.q_proj"]["layers"] == 2
+    assert adapted["lm_head"]["adapted"] == 0
+
+
+def test_target_modules_that_match_nothing(card, tiny_model) -> None:
+    card.method.target_modules = ["qkv_proj"]
+    with pytest.raises(MethodError, match=r"method.target_modules .*q_proj"):
+        apply_method(load_model(tiny_model, card, "cpu"), card)
+
+
+def test_full_method_trains_everything(card, tiny_model) -> None:
+    from labkit.card.schema import Full
+
+    card.method = Full(kind="full")
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_target_modules_regex(card, tiny_model) -> None:
+    card.method.target_modules = r".*\.(q|v)_proj"
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    adapted = {r["module"]: r["adapted"] for r in matched_modules(model)}
+    assert adapted["self_attn.q_proj"] == adapted["self_attn.v_proj"] == 2
+    assert adapted["self_attn.k_proj"] == adapted["mlp.up_proj"] == 0
+
+
+def test_target_modules_bad_regex_is_a_card_error(repo, tmp_path) -> None:
+    from labkit.errors import CardError
+
+    text = (repo / "params" / "smoke.yaml").read_text().replace("target_modules: all-linear", "target_modules: '.*(q_proj'")
+    assert "(q_proj" in text
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(CardError, match=r"bad.yaml:\d+: method\.target_modules: not a valid regular expression"):
+        load_card(path)

@@ -1,0 +1,136 @@
+"""Checks on real training steps (tiny model, real TRL trainer): the update check for full, LoRA
+(first-step B=0 case), LoRA with modules_to_save and QLoRA on the CPU; crafted failures; gradient
+accumulation equivalence and its crafted wrong normalisation; activation checkpointing."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from labkit.card.load import load_card
+from labkit.card.schema import Full, Lora, Qlora
+from labkit.data import sources as D
+from labkit.model.loading import load_model, load_tokenizer
+from labkit.model.method import apply_method
+from labkit.preflight.stepchecks import (
+    accumulation_check,
+    checkpointing_check,
+    update_check,
+)
+from labkit.train.trainer import build_trainer
+
+
+@pytest.fixture
+def card():
+    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    card = load_card(REPO / "params" / "smoke.yaml").card
+    return [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:24]
+
+
+def _check(card, tiny_model, rows, steps: int = 2, tamper=None) -> dict:
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    if tamper:
+        tamper(model)
+    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:8], Path(tempfile.mkdtemp()),
+                            device="cpu", max_steps=steps, lr_scheduler_type="constant", warmup_steps=0,
+                            disable_tqdm=True)
+    return update_check(trainer, card, steps=steps)
+
+
+def test_lora_first_step_moves_b_only_and_second_step_moves_all(card, tiny_model, rows) -> None:
+    one = _check(card, tiny_model, rows, steps=1)
+    # B starts at zero, so A gets no gradient on step 1: expected, not a false alarm
+    assert one["ok"], one["problems"]
+    moved = {t["name"] for t in one["tensors"] if t["changed"]}
+    assert moved and all(".lora_B." in n for n in moved)
+    two = _check(card, tiny_model, rows, steps=2)
+    assert two["ok"], two["problems"]
+    assert two["changed"] == two["expected"] == two["trainable"] == 2 * 7 * 2  # A and B of 7 linears in 2 layers
+    assert two["changed_step_1"] == two["first_step_movers"] == 7 * 2
+
+
+def test_full_fine_tuning_changes_every_tensor(card, tiny_model, rows) -> None:
+    card.method = Full(kind="full")
+    result = _check(card, tiny_model, rows)
+    assert result["ok"], result["problems"]
+    assert result["changed"] == result["expected"] == len(result["tensors"])
+
+
+def test_lora_with_modules_to_save(card, tiny_model, rows) -> None:
+    card.method = Lora(kind="lora", r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"],
+                       modules_to_save=["lm_head"])
+    result = _check(card, tiny_model, rows)
+    assert result["ok"], result["problems"]
+    saved = [t for t in result["tensors"] if ".modules_to_save." in t["name"]]
+    assert saved and all(t["changed"] and t["changed_step_1"] for t in saved)
+    frozen = [t for t in result["tensors"] if not t["expected"]]
+    assert frozen and not any(t["changed"] for t in frozen)  # the original lm_head / embeddings stay untouched
+
+
+def test_qlora_on_cpu_keeps_4bit_weights_bit_for_bit(card, tiny_model, rows) -> None:
+    card.method = Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)
+    result = _check(card, tiny_model, rows)
+    assert result["ok"], result["problems"]
+    quantised = [t for t in result["tensors"] if t["dtype"] == "uint8"]
+    assert quantised and not any(t["changed"] for t in quantised)
+
+
+def _freeze_one_adapter(model) -> None:
+    next(p for n, p in model.named_parameters() if ".lora_B." in n).requires_grad_(False)
+
+
+def _unfreeze_a_norm(model) -> None:
+    next(p for n, p in model.named_parameters() if "norm" in n).requires_grad_(True)
+
+
+@pytest.mark.parametrize("tamper, problems", [
+    (_freeze_one_adapter, ("should train are frozen", "did not change")),
+    (_unfreeze_a_norm, ("must stay frozen changed",)),
+], ids=["frozen-adapter", "trainable-base-weight"])
+def test_a_tampered_trainable_set_is_a_failed_check(card, tiny_model, rows, tamper, problems) -> None:
+    result = _check(card, tiny_model, rows, tamper=tamper)
+    assert not result["ok"]
+    for problem in problems:
+        assert any(problem in p for p in result["problems"]), result["problems"]
+
+
+def _factory(card, tiny_model):
+    return lambda: apply_method(load_model(tiny_model, card, "cpu"), card)
+
+
+def test_accumulation_matches_the_whole_batch(card, tiny_model, rows) -> None:
+    tokenizer = load_tokenizer(tiny_model, card)
+    result = accumulation_check(card, _factory(card, tiny_model), tokenizer, rows, micro_batch=2, accum=3)
+    assert result["ok"], result
+    assert result["relative_difference"] < 1e-5
+    assert len(set(result["tokens_per_micro_batch"])) > 1  # unequal micro-batches: the case that exposes the bug
+
+
+def test_accumulation_fails_on_micro_batch_mean_normalisation(card, tiny_model, rows) -> None:
+    card.train.loss_normalisation = "micro_batch_mean"
+    tokenizer = load_tokenizer(tiny_model, card)
+    result = accumulation_check(card, _factory(card, tiny_model), tokenizer, rows, micro_batch=2, accum=3)
+    assert not result["ok"]
+    assert result["relative_difference"] > 10 * result["tolerance"]
+
+
+def test_checkpointing_same_gradients_less_memory(card, tiny_model, rows) -> None:
+    tokenizer = load_tokenizer(tiny_model, card)
+    card.data.max_length = 1024
+    config = _factory(card, tiny_model)().config
+    result = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=768, config=config)
+    assert result["ok"], result["problems"]
+    assert result["relative_difference"] < 1e-5
+    assert result["memory_judged"] and result["memory_saving_expected_bytes"] > 8 * 2**20
+    assert result["memory_checkpointed_bytes"] < result["memory_plain_bytes"]
+    short = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=64, config=config)
+    # about 1 MiB expected: below what the CPU measurement resolves, so only loss and gradients are judged
+    assert not short["memory_judged"] and short["memory_saving_expected_bytes"] < 8 * 2**20
+    assert short["ok"] and short["relative_difference"] < 1e-5

@@ -1,0 +1,41 @@
+"""Stage 04's trainer on the tiny model: early stopping on the validation loss, with the best checkpoint kept."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import REPO
+
+from labkit.card.load import load_card
+from labkit.card.schema import EarlyStopping
+from labkit.data import sources as D
+from labkit.model.loading import load_model, load_tokenizer
+from labkit.model.method import apply_method
+from labkit.train.trainer import build_trainer
+
+
+def test_early_stopping_on_validation_loss(tmp_path: Path, tiny_model) -> None:
+    card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    card.train.lr = 0.5  # large: after a few steps the validation loss improves by less than min_delta
+    card.train.max_steps, card.train.eval_steps = 16, 1
+    card.train.early_stopping = EarlyStopping(patience=2, min_delta=0.02)
+    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:32], tmp_path, eval_rows=rows[32:40],
+                            device="cpu", checkpoints=True, disable_tqdm=True)
+    trainer.train()
+    evals = [(e["step"], e["eval_loss"]) for e in trainer.state.log_history if "eval_loss" in e]
+    best_step, best = min(evals, key=lambda x: x[1])
+    assert trainer.state.global_step < 16, "stopped early"
+    assert trainer.state.best_metric == best and trainer.state.best_global_step == best_step
+    # the rule: stop once `patience` evaluations in a row fail to beat the best so far by more than min_delta
+    # (at lr 0.5 Adam amplifies float-order differences, so the curve itself is not pinned down here)
+    waited, running_best = [], None
+    for _, loss in evals:
+        if running_best is None or running_best - loss > 0.02:
+            waited.append(0)
+        else:
+            waited.append(waited[-1] + 1)
+        running_best = loss if running_best is None else min(running_best, loss)
+    assert waited[-1] == 2 and 2 not in waited[:-1], (evals, waited)
+    assert (tmp_path / f"checkpoint-{best_step}").is_dir()  # the best checkpoint is kept (and loaded at the end)  # the best checkpoint is kept (and loaded at the end)
