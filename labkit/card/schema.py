@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from labkit.card.sections import Data, Experiment, Strict
-from labkit.scoring.metrics import METRICS
+from labkit.scoring.metrics import METRICS, RUN_METRICS
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
 # the card validates against it, the trainer passes the name on and stage 03's memory estimate counts the bytes
@@ -86,7 +86,9 @@ class EarlyStopping(Strict):
     @field_validator("metric")
     @classmethod
     def _known(cls, value: str) -> str:
-        choices = ", ".join(["eval_loss"] + [m for m in METRICS if m != "per_category_f1"])
+        choices = ", ".join(["eval_loss"] + [m for m in METRICS if m != "per_category_f1" and m not in RUN_METRICS])
+        if value in RUN_METRICS:
+            raise ValueError(f"{value} is a run metric (known after training), not one to stop on; use one of {choices}")
         if value == "per_category_f1":
             raise ValueError(f"per_category_f1 is one F1 per category, not a single number to stop on; use one of {choices}")
         if value != "eval_loss" and value not in METRICS:
@@ -233,4 +235,26 @@ class Card(Strict):
                 raise ValueError(f"{where}: {name} needs data.fields.category and a json or label target")
         if self.experiment.target.primary_metric == "per_category_f1":
             raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
+        for i, name in enumerate(self.eval.metrics):
+            if name in RUN_METRICS:
+                raise ValueError(f"eval.metrics.{i}: {name} is a run metric (read from the run's training files, not "
+                                 "computed from answers); use it as experiment.target.primary_metric or a guardrail")
+        self._run_metrics_have_a_reference()
         return self
+
+    def _run_metrics_have_a_reference(self) -> None:
+        """A run metric compared with its reference needs a trained reference: target.against a variant."""
+        exp = self.experiment
+        if exp.target.against == exp.variant:
+            raise ValueError(f"experiment.target.against: {exp.variant!r} is this card's own variant; name another "
+                             "variant of the experiment, or baseline")
+        if exp.target.against != "baseline":
+            return
+        rules = [("experiment.target", exp.target.primary_metric, exp.target)]
+        rules += [(f"experiment.guardrails.{i}", g.metric, g) for i, g in enumerate(exp.guardrails)]
+        for where, name, rule in rules:
+            relative = [k for k in ("min_improvement", "max_drop", "max_ratio", "min_ratio") if getattr(rule, k, None) is not None]
+            if name in RUN_METRICS and relative:
+                raise ValueError(f"{where}: {name} {relative[0]} compares with the reference, and the base model has no "
+                                 "training run; set experiment.target.against to a variant of this experiment, or use "
+                                 "an absolute min / max")

@@ -21,20 +21,35 @@ class Strict(BaseModel):
 # --------------------------------------------------------------------------- experiment
 class Target(Strict):
     behaviour: Literal["classification", "extraction", "format", "summarisation", "generation"]
-    primary_metric: str = Field(description="metric name computed by labkit.scoring.metrics, e.g. field_accuracy")
-    min_improvement: float = Field(description="absolute gain over the baseline that confirms the hypothesis")
+    primary_metric: str = Field(description="metric name of labkit.scoring.metrics.METRICS, e.g. field_accuracy, or a "
+                                "run metric (train_seconds, tokens_per_second, peak_memory_gib, cost)")
+    against: str = Field(default="baseline", description="the reference the hypothesis is judged against: baseline (the "
+                         "base model) or the variant name of another card of the same experiment (its latest completed run)")
+    min_improvement: float | None = Field(
+        default=None, description="gain over the reference that confirms the hypothesis (in the metric's good "
+        "direction; may be negative: 'at most 0.01 worse')")
+    max_ratio: float | None = Field(default=None, gt=0, description="value / reference value must be at most this")
+    min_ratio: float | None = Field(default=None, gt=0, description="value / reference value must be at least this")
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> "Target":
+        if self.min_improvement is None and self.max_ratio is None and self.min_ratio is None:
+            raise ValueError("the target needs min_improvement, max_ratio or min_ratio")
+        return self
 
 
 class Guardrail(Strict):
     metric: str
     min: float | None = Field(default=None, description="the tuned value must be at least this")
     max: float | None = Field(default=None, description="the tuned value must be at most this")
-    max_drop: float | None = Field(default=None, description="largest allowed drop below the baseline")
+    max_drop: float | None = Field(default=None, description="largest allowed drop below the reference")
+    max_ratio: float | None = Field(default=None, gt=0, description="value / reference value must be at most this")
+    min_ratio: float | None = Field(default=None, gt=0, description="value / reference value must be at least this")
 
     @model_validator(mode="after")
     def _one_bound(self) -> "Guardrail":
-        if self.min is None and self.max is None and self.max_drop is None:
-            raise ValueError("a guardrail needs one of min, max or max_drop")
+        if all(v is None for v in (self.min, self.max, self.max_drop, self.max_ratio, self.min_ratio)):
+            raise ValueError("a guardrail needs one of min, max, max_drop, max_ratio or min_ratio")
         return self
 
 
@@ -92,13 +107,20 @@ class TargetFormat(Strict):
     kind: Literal["json", "label", "text"] = Field(
         description="json: a JSON object with required keys; label: the category name; text: free text"
     )
-    required_keys: list[str] = Field(default_factory=list)
+    required_keys: list[str] = Field(default_factory=list, description="json: keys every reference holds")
+    optional_keys: list[str] = Field(default_factory=list, description="json: keys a reference may leave out (a "
+                                     "reference without one expects no value for it: a perfect answer still scores 1.0)")
     category_key: str | None = Field(default="category", description="JSON key that holds the category")
 
     @model_validator(mode="after")
     def _keys(self) -> "TargetFormat":
         if self.kind == "json" and not self.required_keys:
             raise ValueError("kind json needs required_keys")
+        if self.kind != "json" and self.optional_keys:
+            raise ValueError("optional_keys applies to kind json only; remove it")
+        both = sorted(set(self.required_keys) & set(self.optional_keys))
+        if both:
+            raise ValueError(f"{', '.join(both)} listed as both required and optional: keep each key in one list")
         return self
 
 

@@ -76,7 +76,9 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
 
 def _result(summary: dict[str, Any]) -> str:
     metric = next((k for k in summary if k != "confirmed"), None)
-    result = f"{metric} {summary[metric]['baseline']:.3f}→{summary[metric]['tuned']:.3f} " if metric else ""
+    values = summary[metric] if metric else {}
+    result = (f"{metric} {values['baseline']:.3f}→{values['tuned']:.3f} " if metric and None not in
+              (values.get("baseline"), values.get("tuned")) else "")
     return result + ("confirmed" if summary.get("confirmed") else "not confirmed")
 
 

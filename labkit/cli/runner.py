@@ -80,8 +80,9 @@ def _summary(run: R.Run) -> dict[str, Any]:
         return {}
     verdict = io.read_json(path)
     primary = verdict["primary"]
-    return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": round(primary["baseline"], 4),
-                                                                   "tuned": round(primary["tuned"], 4)}}
+    ref, tuned = primary.get("reference", primary.get("baseline")), primary.get("tuned")  # against the card's reference
+    return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": None if ref is None else round(ref, 4),
+                                                                   "tuned": None if tuned is None else round(tuned, 4)}}
 
 
 class _Signals:

@@ -1,88 +1,160 @@
-"""Judge a tuned run against its baseline: primary metric, guardrails, verdict on the hypothesis."""
+"""Judge a tuned run against its reference: primary metric, guardrails, verdict on the hypothesis.
+
+The reference is the base model (`experiment.target.against: baseline`) or the latest completed run of another
+variant of the same experiment (`against: <variant>`). Answer metrics and run metrics (time, throughput, memory,
+cost: `labkit.evaluate.run_metrics`) are judged alike, each in its good direction.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from labkit.card.schema import Card
-from labkit.scoring.metrics import metric_value
+from labkit.scoring.metrics import RUN_METRICS, example_key, metric_value
 
 
-def _judge_value(name: str, value: float, base: float | None, rule: dict[str, Any]) -> dict[str, Any]:
+def higher_is_better(name: str) -> bool:
+    """Whether a larger value of the metric is an improvement (False for time, memory and cost)."""
+    return RUN_METRICS.get(name, True)
+
+
+def _value(metrics: dict[str, Any] | None, name: str) -> Any:
+    if metrics is None:
+        return None
+    try:
+        return metric_value(metrics, name)
+    except KeyError:
+        return None
+
+
+def _judge_value(name: str, value: float | None, ref: float | None, rule: dict[str, Any]) -> dict[str, Any]:
     reasons = []
-    if rule.get("min") is not None and value < rule["min"]:
-        reasons.append(f"{value:.3f} < min {rule['min']}")
-    if rule.get("max") is not None and value > rule["max"]:
-        reasons.append(f"{value:.3f} > max {rule['max']}")
-    if rule.get("max_drop") is not None and base is not None and base - value > rule["max_drop"] + 1e-12:
-        reasons.append(f"dropped {base - value:.3f} from {base:.3f} (max_drop {rule['max_drop']})")
-    return {"metric": name, "value": value, "baseline": base, "ok": not reasons, "why": "; ".join(reasons)}
+    if value is None:
+        reasons.append("not available for this run")
+    else:
+        sign = 1 if higher_is_better(name.split("[")[0]) else -1
+        if rule.get("min") is not None and value < rule["min"]:
+            reasons.append(f"{value:.3f} < min {rule['min']}")
+        if rule.get("max") is not None and value > rule["max"]:
+            reasons.append(f"{value:.3f} > max {rule['max']}")
+        relative = [k for k in ("max_drop", "max_ratio", "min_ratio") if rule.get(k) is not None]
+        if relative and ref is None:
+            reasons.append(f"{relative[0]}: the reference has no {name}")
+        elif ref is not None:
+            drop = sign * (ref - value)
+            if rule.get("max_drop") is not None and drop > rule["max_drop"] + 1e-12:
+                reasons.append(f"worse by {drop:.3f} than the reference's {ref:.3f} (max_drop {rule['max_drop']})")
+            ratio = value / ref if ref else None
+            if rule.get("max_ratio") is not None and (ratio is None or ratio > rule["max_ratio"] + 1e-12):
+                reasons.append(f"{value:.3f} / {ref:.3f} = {ratio:.3f} > max_ratio {rule['max_ratio']}" if ratio is not None
+                               else "max_ratio: the reference's value is 0")
+            if rule.get("min_ratio") is not None and (ratio is None or ratio < rule["min_ratio"] - 1e-12):
+                reasons.append(f"{value:.3f} / {ref:.3f} = {ratio:.3f} < min_ratio {rule['min_ratio']}" if ratio is not None
+                               else "min_ratio: the reference's value is 0")
+    return {"metric": name, "value": value, "reference": ref, "ok": not reasons, "why": "; ".join(reasons)}
 
 
-def judge_guardrails(card: Card, baseline: dict[str, Any], tuned: dict[str, Any]) -> list[dict[str, Any]]:
+def judge_guardrails(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> list[dict[str, Any]]:
     """Judge every guardrail of the card (per category for per_category_f1).
 
     Args:
         card: the card (experiment.guardrails).
-        baseline: baseline metrics (labkit.scoring.metrics.aggregate output).
+        reference: the reference's metrics (labkit.scoring.metrics.aggregate output; run metrics under "run").
         tuned: tuned metrics, same shape.
     Returns:
-        one row per guardrail (and per category): {"guardrail", "metric", "value", "baseline", "ok", "why"}.
+        one row per guardrail (and per category): {"guardrail", "metric", "value", "reference", "ok", "why"}.
     """
     rows = []
     for rail in card.experiment.guardrails:
         rule = rail.model_dump()
         label = ", ".join(f"{k} {v}" for k, v in rule.items() if k != "metric" and v is not None)
-        value = metric_value(tuned, rail.metric)
-        base = metric_value(baseline, rail.metric)
+        value, ref = _value(tuned, rail.metric), _value(reference, rail.metric)
         if isinstance(value, dict):
             for cat in sorted(value):
-                row = _judge_value(f"{rail.metric}[{cat}]", value[cat], base.get(cat), rule)
+                row = _judge_value(f"{rail.metric}[{cat}]", value[cat], (ref or {}).get(cat), rule)
                 rows.append({"guardrail": f"{rail.metric}: {label}", **row})
         else:
-            rows.append({"guardrail": f"{rail.metric}: {label}", **_judge_value(rail.metric, value, base, rule)})
+            rows.append({"guardrail": f"{rail.metric}: {label}", **_judge_value(rail.metric, value, ref, rule)})
     return rows
 
 
-def paired(baseline_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], metric: str) -> dict[str, int]:
-    """Per-example wins, losses and ties of tuned vs baseline on a per-example metric."""
-    base = {r["id"]: r for r in baseline_rows}
-    out = {"wins": 0, "losses": 0, "ties": 0}
-    key = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}.get(metric, metric)
-    for row in tuned_rows:
-        if row["id"] not in base or key not in row:
+def paired(reference_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Per-example wins, losses and ties of tuned vs the reference on the per-example value behind a metric.
+
+    Returns:
+        {"key" (the per-example value compared, None for run metrics), "wins", "losses", "ties"}.
+    """
+    key = example_key(metric)
+    base = {r["id"]: r for r in reference_rows}
+    out: dict[str, Any] = {"key": key, "wins": 0, "losses": 0, "ties": 0}
+    for row in tuned_rows if key else []:
+        if row["id"] not in base or key not in row or key not in base[row["id"]]:
             continue
         diff = row[key] - base[row["id"]][key]
         out["wins" if diff > 0 else "losses" if diff < 0 else "ties"] += 1
     return out
 
 
-def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
+def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
+    target = card.experiment.target
+    name = target.primary_metric
+    ref, value = _value(reference, name), _value(tuned, name)
+    out: dict[str, Any] = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
+                           "ratio": None, "min_improvement": target.min_improvement, "max_ratio": target.max_ratio,
+                           "min_ratio": target.min_ratio}
+    reasons = []
+    if value is None or ref is None:
+        out.update(ok=False, why=f"{name} is not available for {'the reference' if ref is None else 'this run'}")
+        return out
+    out["gain"] = (value - ref) if higher_is_better(name) else (ref - value)
+    out["ratio"] = value / ref if ref else None
+    if target.min_improvement is not None and out["gain"] < target.min_improvement - 1e-12:
+        reasons.append(f"{name} gain {out['gain']:+.3f} < required {target.min_improvement}")
+    for key, bad in (("max_ratio", lambda r, x: r > x + 1e-12), ("min_ratio", lambda r, x: r < x - 1e-12)):
+        bound = getattr(target, key)
+        if bound is not None and (out["ratio"] is None or bad(out["ratio"], bound)):
+            reasons.append(f"{name} {value:.3f} / {ref:.3f} = {out['ratio'] or float('nan'):.3f}, {key} {bound}")
+    out.update(ok=not reasons, why="; ".join(reasons))
+    return out
+
+
+def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
+            reference: dict[str, Any] | None = None, reference_run: str | None = None) -> dict[str, Any]:
     """The decision of the experiment on the validation split.
 
     Args:
         card: the card (hypothesis, target, guardrails).
-        baseline: baseline metrics.
-        tuned: tuned metrics.
+        baseline: the base model's metrics.
+        tuned: tuned metrics (run metrics under "run").
+        reference: the reference's metrics when target.against names a variant (None: the baseline is the reference).
+        reference_run: the reference run's id (against a variant), for the text.
     Returns:
-        {"primary": {...}, "guardrails": [...], "confirmed": bool, "verdict": str}.
+        {"against", "reference_run", "primary": {...}, "guardrails": [...], "confirmed": bool, "verdict": str}.
     """
     target = card.experiment.target
-    base = metric_value(baseline, target.primary_metric)
-    value = metric_value(tuned, target.primary_metric)
-    gain = value - base
-    primary = {"metric": target.primary_metric, "baseline": base, "tuned": value, "gain": gain,
-               "min_improvement": target.min_improvement, "ok": gain >= target.min_improvement - 1e-12}
-    rails = judge_guardrails(card, baseline, tuned)
+    against_variant = target.against != "baseline"
+    if against_variant and reference is None:
+        text = (f"NOT JUDGED: the hypothesis is against variant {target.against!r}, which has no completed run in this "
+                "experiment yet; run that card, then `labkit compare` judges this run again.")
+        primary = {"metric": target.primary_metric, "ok": False, "reference": None,
+                   "baseline": _value(baseline, target.primary_metric), "tuned": _value(tuned, target.primary_metric)}
+        return {"against": target.against, "reference_run": None, "primary": primary,
+                "guardrails": [], "confirmed": False, "verdict": text}
+    ref = reference if against_variant else baseline
+    primary = _primary(card, ref, tuned)
+    primary["baseline"] = _value(baseline, target.primary_metric)
+    rails = judge_guardrails(card, ref, tuned)
     failed = [r for r in rails if not r["ok"]]
     confirmed = primary["ok"] and not failed
+    who = f"variant {target.against} (run {reference_run})" if against_variant else "the baseline"
     if confirmed:
-        text = (f"CONFIRMED: {target.primary_metric} {base:.3f} → {value:.3f} (gain {gain:+.3f} ≥ {target.min_improvement}), "
-                f"all {len(rails)} guardrail checks pass.")
+        rules = "; ".join(f"{k} {v}" for k, v in (("gain ≥", target.min_improvement), ("ratio ≤", target.max_ratio),
+                                                    ("ratio ≥", target.min_ratio)) if v is not None)
+        text = (f"CONFIRMED against {who}: {target.primary_metric} {primary['reference']:.3f} → {primary['tuned']:.3f} "
+                f"({rules}), all {len(rails)} guardrail checks pass.")
     else:
-        parts = []
-        if not primary["ok"]:
-            parts.append(f"{target.primary_metric} gain {gain:+.3f} < required {target.min_improvement}")
+        parts = [primary["why"]] if not primary["ok"] else []
         parts += [f"{r['metric']} {r['why']}" for r in failed]
-        text = "NOT CONFIRMED: " + "; ".join(parts) + "."
-    return {"primary": primary, "guardrails": rails, "confirmed": confirmed, "verdict": text}
+        text = f"NOT CONFIRMED against {who}: " + "; ".join(parts) + "."
+    return {"against": target.against, "reference_run": reference_run, "primary": primary, "guardrails": rails,
+            "confirmed": confirmed, "verdict": text}

@@ -270,8 +270,8 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
     stage.save_json("opening.json", opening)
     primary = decision["primary"]
     R.record(run, "test_evaluated", opening=number, n=len(rows), confirmed=decision["confirmed"],
-             verdict=decision["verdict"], primary={"metric": primary["metric"], "baseline": round(primary["baseline"], 4),
-                                                   "tuned": round(primary["tuned"], 4)})
+             verdict=decision["verdict"], primary={"metric": primary["metric"], "baseline": _round(primary.get("baseline")),
+                                                   "tuned": _round(primary.get("tuned"))})
     validation = {}
     for label, path in (("baseline", run.dir / "baseline" / "baseline_metrics.json"),
                         ("tuned", run.dir / "comparison" / "tuned_metrics.json")):
@@ -281,3 +281,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
     print(f"test split ({len(rows)} rows): {decision['verdict']}")
     print(f"→ {folder}")
     return {"dir": folder, "opening": opening, "baseline": base_metrics, "tuned": tuned_metrics, "verdict": decision}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from labkit.scoring.metrics import INVALID, _norm
+from labkit.scoring.metrics import INVALID, RUN_METRICS, _norm, example_key
+from labkit.scoring.slots import SLOT_METRICS
 
 # metric name -> the per-example key it averages
 MEAN_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
@@ -34,6 +35,10 @@ class Columns:
         self.predicted = np.array([r.get("predicted_category", INVALID) for r in ordered])
         self.values = {k: np.array([float(r[k]) for r in ordered]) for k in MEAN_KEYS.values() if k in ordered[0]}
         self.categories = sorted(set(self.gold.tolist()) - {""})
+        self.slot_keys = list(ordered[0].get("slots") or {})
+        if "slot_tp" in ordered[0]:  # (n, 3) counts overall and per declared key
+            self.slots = np.array([[r["slot_tp"], r["slot_fp"], r["slot_fn"]] for r in ordered], dtype=float)
+            self.per_key = {k: np.array([r["slots"][k] for r in ordered], dtype=float) for k in self.slot_keys}
 
 
 def weights(n: int, resamples: int, seed: int) -> np.ndarray:
@@ -61,6 +66,15 @@ def _f1(w: np.ndarray, cols: Columns) -> dict[str, np.ndarray]:
     return out
 
 
+def _slot(w: np.ndarray, counts: np.ndarray, name: str) -> np.ndarray:
+    tp, fp, fn = (w @ counts[:, i] for i in range(3))
+    if name == "slot_precision":
+        return np.nan_to_num(_ratio(tp, tp + fp))
+    if name == "slot_recall":
+        return np.nan_to_num(_ratio(tp, tp + fn))
+    return np.nan_to_num(_ratio(2 * tp, 2 * tp + fp + fn))  # = 2PR / (P + R)
+
+
 def metric(w: np.ndarray, cols: Columns, name: str) -> np.ndarray | dict[str, np.ndarray]:
     """A metric under each row of weights.
 
@@ -73,6 +87,8 @@ def metric(w: np.ndarray, cols: Columns, name: str) -> np.ndarray | dict[str, np
     """
     if name in MEAN_KEYS:
         return _ratio(w @ cols.values[MEAN_KEYS[name]], w.sum(axis=1))
+    if name in SLOT_METRICS:
+        return _slot(w, cols.slots, name)
     if name == "accuracy":
         return _ratio(w @ (cols.gold == cols.predicted).astype(float), w.sum(axis=1))
     f1 = _f1(w, cols)
@@ -84,9 +100,15 @@ def metric(w: np.ndarray, cols: Columns, name: str) -> np.ndarray | dict[str, np
 
 
 def per_category(w: np.ndarray, cols: Columns, name: str) -> dict[str, np.ndarray]:
-    """A mean metric within each reference category (F1 for per_category_f1)."""
-    if name in ("per_category_f1", "macro_f1", "accuracy"):
+    """A metric within each reference category: F1 for per_category_f1 and macro_f1, the share answered right
+    (the class's recall) for accuracy, slot F1 of the category's examples for the slot metrics, else the mean."""
+    if name in ("per_category_f1", "macro_f1"):
         return _f1(w, cols)
+    if name == "accuracy":
+        right = (cols.gold == cols.predicted).astype(float)
+        return {cat: _ratio(w @ (right * (cols.gold == cat)), w @ (cols.gold == cat).astype(float)) for cat in cols.categories}
+    if name in SLOT_METRICS:
+        return {cat: _slot(w, cols.slots * (cols.gold == cat)[:, None], name) for cat in cols.categories}
     values = cols.values[MEAN_KEYS[name]]
     return {cat: _ratio(w @ (values * (cols.gold == cat)), w @ (cols.gold == cat).astype(float)) for cat in cols.categories}
 
@@ -120,17 +142,21 @@ def paired_intervals(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str,
     ids = sorted(r["id"] for r in base_rows)
     base, tuned = Columns(base_rows, ids), Columns(tuned_rows, ids)
     w = weights(len(ids), resamples, seed)
-    out: dict[str, Any] = {"n": len(ids), "resamples": resamples, "level": level, "overall": {}, "per_category": {}}
+    out: dict[str, Any] = {"n": len(ids), "resamples": resamples, "level": level, "overall": {}, "per_category": {},
+                           "per_key": {}}
 
     def triple(b: np.ndarray, t: np.ndarray) -> dict[str, Any]:
         return {"baseline": _interval(b, level), "tuned": _interval(t, level), "diff": _interval(t - b, level)}
 
-    for name in dict.fromkeys(names):
+    for name in dict.fromkeys(n for n in names if n not in RUN_METRICS):  # run metrics have no examples to resample
         if name != "per_category_f1":
             out["overall"][name] = triple(metric(w, base, name), metric(w, tuned, name))
         if base.categories:
             b_cat, t_cat = per_category(w, base, name), per_category(w, tuned, name)
             out["per_category"][name] = {c: triple(b_cat[c], t_cat[c]) for c in base.categories}
+        if name in SLOT_METRICS:
+            out["per_key"][name] = {k: triple(_slot(w, base.per_key[k], name), _slot(w, tuned.per_key[k], name))
+                                    for k in base.slot_keys}
     return out
 
 
@@ -143,8 +169,9 @@ def concentration(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, An
         key: the per-example value (e.g. field_accuracy).
         top_share: the share of examples counted as "a few" (the most improved ones).
     Returns:
-        {"net_gain", "top_examples", "top_share_of_gain", "gain_by_category", "largest_category",
-         "largest_category_share", "flags": [explanations]}.
+        {"key", "n", "net_gain", "top_examples", "top_gain", "top_share_of_gain", "gain_by_category",
+         "largest_category", "largest_category_share", "flags": [explanations], "statement": one sentence with the
+         numbers, saying what was found (or why nothing could be said)}.
     """
     base = {r["id"]: r for r in base_rows}
     diffs = [(float(r[key]) - float(base[r["id"]][key]), r.get("category")) for r in tuned_rows if r["id"] in base]
@@ -154,9 +181,11 @@ def concentration(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, An
     by_cat: dict[str, float] = {}
     for d, cat in diffs:
         by_cat[str(cat)] = by_cat.get(str(cat), 0.0) + d
-    out: dict[str, Any] = {"net_gain": net, "top_examples": k, "top_share_of_gain": None, "gain_by_category": by_cat,
-                           "largest_category": None, "largest_category_share": None, "flags": []}
+    out: dict[str, Any] = {"key": key, "n": len(diffs), "net_gain": net, "top_examples": k, "top_gain": top,
+                           "top_share_of_gain": None, "gain_by_category": by_cat, "largest_category": None,
+                           "largest_category_share": None, "flags": []}
     if net <= 0:
+        out["statement"] = f"no net gain on {key} ({net:+.2f} summed over {len(diffs)} examples): nothing to locate"
         return out
     out["top_share_of_gain"] = top / net
     if top / net >= 0.5:
@@ -165,4 +194,15 @@ def concentration(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, An
     out["largest_category"], out["largest_category_share"] = largest, by_cat[largest] / net
     if len(by_cat) > 1 and by_cat[largest] / net >= 0.8:
         out["flags"].append(f"{by_cat[largest] / net:.0%} of the net gain is in one category ({largest})")
+    where = (f"; the largest category ({largest}) carries {by_cat[largest] / net:.0%}" if len(by_cat) > 1 else "")
+    out["statement"] = (f"net gain {net:+.2f} on {key} over {len(diffs)} examples; the {k} most improved carry "
+                        f"{top / net:.0%} of it{where}")
     return out
+
+
+def concentration_for(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], metric: str) -> dict[str, Any] | None:
+    """`concentration` on the per-example value behind a metric; None when it has none (run metrics) or rows lack it."""
+    key = example_key(metric)
+    if key is None or not tuned_rows or key not in tuned_rows[0] or not base_rows or key not in base_rows[0]:
+        return None
+    return concentration(base_rows, tuned_rows, key)

@@ -1,7 +1,11 @@
-"""Metrics on generated answers: JSON validity and fields, per-category P/R/F1, ROUGE-L.
+"""Metrics on generated answers: JSON validity, fields and slots, per-class P/R/F1, ROUGE-L; and the run metrics.
 
-Every example is scored on its own (kept as data for paired comparisons), then aggregated
-overall and per category.
+Every example is scored on its own (kept as data for paired comparisons: `example_key` names the per-example
+value behind each metric), then aggregated overall and per category. Label metrics follow scikit-learn's
+definitions: accuracy is the share of exact answers; per-class precision, recall and F1 are
+`precision_recall_fscore_support(y_true, y_pred, labels=reference_labels)`; macro-F1 is their unweighted mean over
+the labels present in the references. Run metrics (time, throughput, memory, cost) are not computed from answers:
+`labkit.evaluate.run_metrics` reads them from a run's stage 03/04 files.
 """
 
 from __future__ import annotations
@@ -12,20 +16,36 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable
 
+from labkit.scoring.slots import aggregate_slots, slot_counts
+
 # rouge_score takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
 # checks start fast
 
 # name -> (what it needs, what it means); the card's primary metric and guardrails must be one of these.
 METRICS: dict[str, tuple[str, str]] = {
     "json_valid_rate": ("json", "share of answers that are exactly one JSON object"),
-    "field_presence_rate": ("json", "share of required keys present in the answer"),
-    "field_accuracy": ("json", "share of required keys whose value equals the reference"),
+    "field_presence_rate": ("json", "share of the reference's keys present in the answer"),
+    "field_accuracy": ("json", "share of the reference's keys whose value the answer gets right (mean per example)"),
+    "slot_precision": ("json", "share of the answer's key-value pairs that are in the reference (micro)"),
+    "slot_recall": ("json", "share of the reference's key-value pairs found in the answer (micro)"),
+    "slot_f1": ("json", "harmonic mean of slot precision and recall (micro)"),
     "accuracy": ("category", "share of answers whose category equals the reference"),
-    "macro_f1": ("category", "unweighted mean of per-category F1"),
+    "macro_f1": ("category", "unweighted mean of the per-class F1 over the reference labels"),
     "per_category_f1": ("category", "F1 of each category (guardrails judge every category)"),
     "exact_match": ("any", "answer equals the reference after whitespace normalisation"),
     "rouge_l": ("any", "ROUGE-L F-measure against the reference"),
+    "train_seconds": ("run", "wall-clock seconds of stage 04's training (lower is better)"),
+    "tokens_per_second": ("run", "training tokens seen per second of training (higher is better)"),
+    "peak_memory_gib": ("run", "peak memory of a training step measured by stage 03, GiB (lower is better)"),
+    "cost": ("run", "training hours × processes × budget.price_per_gpu_hour (lower is better)"),
 }
+# run metric -> True when higher is better
+RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "peak_memory_gib": False, "cost": False}
+# metric -> the per-example value behind it (the paired view, the concentration check); run metrics have none
+EXAMPLE_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
+                "slot_precision": "slot_f1", "slot_recall": "slot_f1", "slot_f1": "slot_f1", "accuracy": "correct",
+                "macro_f1": "correct", "per_category_f1": "correct", "exact_match": "exact_match", "rouge_l": "rouge_l"}
+OTHER = "other answer"
 
 INVALID = "<none>"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
@@ -95,15 +115,17 @@ def score_example(prediction: str, target: str, fmt: dict[str, Any]) -> dict[str
         "rouge_l": _scorer().score(target, prediction)["rougeL"].fmeasure if target.strip() else 0.0,
     }
     if fmt["kind"] == "json":
-        keys = fmt["required_keys"]
+        declared = declared_keys(fmt)
         gold, _ = parse_json_answer(target)
         if gold is None:
             raise ValueError(f"reference is not a JSON object: {target[:80]!r}")
         obj, strict = parse_json_answer(prediction)
         obj = obj or {}
+        keys = [k for k in declared if gold.get(k) is not None] or list(fmt["required_keys"])  # the reference's keys
         out["json_valid"] = float(strict)
         out["field_presence"] = sum(k in obj for k in keys) / len(keys)
         out["field_accuracy"] = sum(k in obj and _norm(obj[k]) == _norm(gold.get(k)) for k in keys) / len(keys)
+        out.update(slot_counts(obj, gold, declared))
         key = fmt.get("category_key")
         out["predicted_category"] = _norm(obj[key]) if key and key in obj else INVALID
     elif fmt["kind"] == "label":
@@ -111,16 +133,28 @@ def score_example(prediction: str, target: str, fmt: dict[str, Any]) -> dict[str
     return out
 
 
-def per_class_f1(gold: list[str], predicted: list[str]) -> dict[str, dict[str, float]]:
-    """Precision, recall, F1 and support for each gold class (answers outside them are misses).
+def declared_keys(fmt: dict[str, Any]) -> list[str]:
+    """The JSON keys a card declares: required, then optional."""
+    return list(dict.fromkeys([*fmt.get("required_keys", []), *(fmt.get("optional_keys") or [])]))
+
+
+def known_labels(fmt: dict[str, Any], gold: Iterable[str]) -> list[str]:
+    """The label set: the card's target_format.labels when given, else the labels of the references (normalised)."""
+    given = fmt.get("labels")
+    return sorted({_norm(x) for x in given}) if given else sorted(set(gold))
+
+
+def per_class_f1(gold: list[str], predicted: list[str], labels: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Precision, recall, F1 and support of each class, as scikit-learn's precision_recall_fscore_support with labels=.
 
     Args:
         gold: reference labels.
-        predicted: predicted labels (may contain labels not in gold, or INVALID).
+        predicted: predicted labels (may contain labels not in gold, or INVALID: false positives of no class).
+        labels: the classes reported (default: the labels of the references).
     Returns:
         {label: {precision, recall, f1, support}}; 0.0 where undefined.
     """
-    labels = sorted(set(gold))
+    labels = labels if labels is not None else sorted(set(gold))
     tp: dict[str, int] = defaultdict(int)
     fp: dict[str, int] = defaultdict(int)
     fn: dict[str, int] = defaultdict(int)
@@ -158,21 +192,29 @@ def aggregate(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> dict[str, Any]
     per_example_keys = [k for k in ("json_valid", "field_presence", "field_accuracy", "exact_match", "rouge_l") if k in rows[0]]
     names = {"json_valid": "json_valid_rate", "field_presence": "field_presence_rate"}
     overall = {names.get(k, k): _mean(r[k] for r in rows) for k in per_example_keys}
-    per_category: dict[str, dict[str, Any]] = {}
-    has_category = all(r.get("category") is not None for r in rows)
-    if has_category:
+    out: dict[str, Any] = {"n": len(rows), "overall": overall, "per_category": {}}
+    if "slot_tp" in rows[0]:
+        slot_overall, out["per_key"] = aggregate_slots(rows, declared_keys(fmt))
+        overall.update(slot_overall)
+    per_category: dict[str, dict[str, Any]] = out["per_category"]
+    if all(r.get("category") is not None for r in rows):
         gold = [_norm(r["category"]) for r in rows]
-        for cat in sorted(set(gold)):
+        labels = known_labels(fmt, gold)
+        present = sorted(set(gold))
+        for cat in present:
             members = [r for r, g in zip(rows, gold) if g == cat]
             per_category[cat] = {names.get(k, k): _mean(r[k] for r in members) for k in per_example_keys}
         if "predicted_category" in rows[0]:
             predicted = [r["predicted_category"] for r in rows]
-            f1 = per_class_f1(gold, predicted)
+            f1 = per_class_f1(gold, predicted, sorted(set(labels) | set(present)))
             for cat, values in f1.items():
-                per_category[cat].update(values)
+                per_category.setdefault(cat, {}).update(values)
+                if values["support"]:  # accuracy within the category is its recall
+                    per_category[cat]["accuracy"] = values["recall"]
             overall["accuracy"] = _mean(float(g == p) for g, p in zip(gold, predicted))
-            overall["macro_f1"] = _mean(v["f1"] for v in f1.values())
-    return {"n": len(rows), "overall": overall, "per_category": per_category}
+            overall["macro_f1"] = _mean(f1[c]["f1"] for c in present)
+            out["labels"] = labels
+    return out
 
 
 def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -185,13 +227,26 @@ def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> tuple[
         (per-example rows with their scores, aggregated metrics).
     """
     scored = [{**r, **score_example(r["prediction"], r["target"], fmt)} for r in rows]
+    for row in scored:
+        if row.get("category") is not None and "predicted_category" in row:
+            row["correct"] = float(row["predicted_category"] == _norm(row["category"]))
     return scored, aggregate(scored, fmt)
+
+
+def example_key(metric: str) -> str | None:
+    """The per-example value behind a metric (None for run metrics, which have no per-example value)."""
+    return EXAMPLE_KEYS.get(metric)
 
 
 def metric_value(metrics: dict[str, Any], name: str) -> float | dict[str, float]:
     """Look up a metric by name: a float, or {category: f1} for per_category_f1."""
     if name == "per_category_f1":
         return {cat: vals["f1"] for cat, vals in metrics["per_category"].items() if "f1" in vals}
+    if name in RUN_METRICS:
+        value = (metrics.get("run") or {}).get(name)
+        if value is None:
+            raise KeyError(f"run metric {name!r} is not available for this model (a base model has no training run)")
+        return value
     if name not in metrics["overall"]:
         raise KeyError(f"metric {name!r} was not computed (available: {', '.join(sorted(metrics['overall']))})")
     return metrics["overall"][name]

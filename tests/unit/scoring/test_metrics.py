@@ -106,13 +106,13 @@ def test_verdict_and_guardrails(repo) -> None:
     assert decision["primary"]["gain"] == pytest.approx(tuned["overall"]["field_accuracy"] - base["overall"]["field_accuracy"])
     assert decision["confirmed"] is True, decision
     assert all(r["ok"] for r in decision["guardrails"])
-    assert paired(base_rows, tuned_rows, "field_accuracy") == {"wins": 2, "losses": 0, "ties": 1}
+    assert paired(base_rows, tuned_rows, "field_accuracy") == {"key": "field_accuracy", "wins": 2, "losses": 0, "ties": 1}
     # the reverse direction fails the primary metric AND the per-category guardrail, each with a reason
     worse = verdict(card, tuned, base)
     assert worse["confirmed"] is False
     failed = [r for r in worse["guardrails"] if not r["ok"]]
     assert {r["metric"] for r in failed} >= {"json_valid_rate", "per_category_f1[shipping]"}
-    assert "dropped" in next(r["why"] for r in failed if r["metric"] == "per_category_f1[shipping]")
+    assert "worse by" in next(r["why"] for r in failed if r["metric"] == "per_category_f1[shipping]")
     assert worse["verdict"].startswith("NOT CONFIRMED")
 
 
