@@ -3,6 +3,8 @@
 A variant is comparable with the experiment when its protocol-fixed keys (evaluation procedure,
 seed, data version, budget) equal the experiment's reference protocol — the one most of its
 completed runs share. Failed, interrupted and invalid runs stay in the table with their reason.
+Each run is judged again here against its card's reference (`experiment.target.against`: the baseline or a
+sibling variant's latest completed run), so a run whose reference finished later gets its verdict.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import yaml
 
 from labkit.card.load import card_diff
+from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
@@ -24,21 +27,54 @@ from labkit.core.protocol import (
     run_protocol,
 )
 from labkit.errors import MissingInput
-from labkit.evaluate.verdict import paired
+from labkit.evaluate.run_metrics import run_metrics
+from labkit.evaluate.verdict import paired, verdict
 from labkit.experiment.final import openings
-from labkit.scoring.bootstrap import MEAN_KEYS, concentration, paired_intervals
+from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
+from labkit.scoring.bootstrap import concentration_for, paired_intervals
+from labkit.scoring.metrics import RUN_METRICS
 
-
-def _metric_key(name: str) -> str:
-    return MEAN_KEYS.get(name, name)
+__all__ = ["compare_experiment", "fmt_interval", "summary_rows"]
 
 
 def _changed_against_parent(run_dir: Path) -> dict[str, Any]:
+    """What the card changed against its parent, as {key: {"old", "new"}} (paths as the cards wrote them)."""
     path = run_dir / "card.diff.yaml"
     if not path.exists():
         return {}
     diff = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    return {"parent": diff.get("parent"), "changed": {k: v.get("card") for k, v in (diff.get("changed") or {}).items()}}
+    changed = {k: {"old": (v or {}).get("parent"), "new": (v or {}).get("card")} for k, v in (diff.get("changed") or {}).items()}
+    return {"parent": diff.get("parent"), "changed": changed}
+
+
+def _latest(rows: list[dict[str, Any]], variant: str) -> dict[str, Any] | None:
+    done = [r for r in rows if r["variant"] == variant and r["status"] == "completed" and "tuned_rows" in r]
+    return done[-1] if done else None
+
+
+def _judge(row: dict[str, Any], rows: list[dict[str, Any]], card: Card, names: list[str], bootstrap: dict[str, Any]) -> None:
+    """Verdict, intervals and paired view of one run against its card's reference, into the row."""
+    target = card.experiment.target
+    tuned = {**row["tuned_metrics"], "run": row["run_metrics"]}
+    ref = _latest(rows, target.against) if target.against != "baseline" else None
+    if target.against == "baseline":
+        decision = verdict(card, row["baseline_metrics"], tuned)
+        ref_rows = row["base_rows"]
+    else:
+        ref_metrics = {**ref["tuned_metrics"], "run": ref["run_metrics"]} if ref else None
+        decision = verdict(card, row["baseline_metrics"], tuned, ref_metrics, ref["run_id"] if ref else None)
+        ref_rows = ref["tuned_rows"] if ref else None
+    row.update({"against": target.against, "reference_run": ref["run_id"] if ref else None,
+                "confirmed": decision["confirmed"], "verdict": decision["verdict"], "decision": decision,
+                "guardrails_failed": [g["metric"] for g in decision["guardrails"] if not g["ok"]]})
+    row["intervals"] = paired_intervals(row["base_rows"], row["tuned_rows"], names, **bootstrap)
+    if ref_rows is not None and target.against != "baseline":
+        row["against_intervals"] = paired_intervals(ref_rows, row["tuned_rows"], names, **bootstrap)
+    if ref_rows is not None:
+        row["paired"] = paired(ref_rows, row["tuned_rows"], target.primary_metric)
+        row["concentration"] = concentration_for(ref_rows, row["tuned_rows"], target.primary_metric)
+    else:
+        row["paired"], row["concentration"] = None, None
 
 
 def compare_experiment(root: Path, experiment: str, current: str | None = None, resamples: int = 2000,
@@ -51,9 +87,12 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         current: the run whose comparison stage is executing (counted as completed).
         resamples, level, seed: the paired bootstrap (labkit.scoring.bootstrap.paired_intervals).
     Returns:
-        {"experiment", "reference", "reference_protocol", "runs": [...], "test_openings": [...]}; each run row has
-        status and reason, and for runs with results: changed keys, comparable (+ protocol changes and the
-        card's protocol_change reason), verdict, intervals, paired wins/losses/ties and concentration flags.
+        {"experiment", "reference", "reference_protocol", "runs": [...], "pairs": [...], "test_openings": [...]}; each
+        run row has status and reason, and for runs with results: changed keys ({key: {old, new}}), comparable (+
+        protocol changes and the card's protocol_change reason), run metrics, verdict against the card's reference,
+        intervals against the baseline (and against the reference variant), paired wins/losses/ties and
+        concentration on the primary metric's per-example value (None for a run metric). "pairs" holds the paired
+        intervals between every two comparable runs.
     """
     R.mark_dead_runs(root)  # a run whose process died is shown interrupted, never running
     rows = experiment_runs(root, experiment, current)
@@ -63,74 +102,50 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
     reference = _reference(protocols)
     ref_protocol = protocols.get(reference) if reference else None
     ref_card = _load_card(root, experiment, reference) if reference else None
+    bootstrap = {"resamples": resamples, "level": level, "seed": seed}
+    cards: dict[str, Card] = {}
     for row in rows:
         row["dir"], folder = str(row["dir"]), Path(row["dir"])
+        if (folder / "training" / "outcome.json").exists() or (folder / "parameter_check" / "fit.json").exists():
+            price = (_load_card(root, experiment, row["run_id"]).get("budget") or {}).get("price_per_gpu_hour", 0.0)
+            row["run_metrics"] = run_metrics(folder, price)
         if not row["has_results"] or not (folder / "card.yaml").exists():
             continue
-        card = yaml.safe_load((folder / "card.yaml").read_text(encoding="utf-8"))
-        primary = card["experiment"]["target"]["primary_metric"]
-        names = [primary] + [g["metric"] for g in card["experiment"].get("guardrails") or []]
-        base_rows = read_jsonl(folder / "baseline" / "baseline_predictions.jsonl")
-        tuned_rows = read_jsonl(folder / "comparison" / "tuned_predictions.jsonl")
+        raw = yaml.safe_load((folder / "card.yaml").read_text(encoding="utf-8"))
+        cards[row["run_id"]] = Card.model_validate(raw)
         own = protocols.get(row["run_id"]) or run_protocol(folder)  # an invalid run is not among the protocols
         changes = protocol_changes(ref_protocol, own) if ref_protocol else {}
-        verdict = io.read_json(folder / "comparison" / "verdict.json")
         row.update({
-            "hypothesis": card["experiment"]["hypothesis"], "primary_metric": primary,
-            "min_improvement": card["experiment"]["target"]["min_improvement"],
+            "hypothesis": raw["experiment"]["hypothesis"], "primary_metric": raw["experiment"]["target"]["primary_metric"],
+            "min_improvement": raw["experiment"]["target"].get("min_improvement"),
+            "guardrail_metrics": [g["metric"] for g in raw["experiment"].get("guardrails") or []],
             **_changed_against_parent(folder),
-            "against_reference": {k: v["card"] for k, v in card_diff(ref_card, card).items()}
+            "against_reference": {k: v["card"] for k, v in card_diff(ref_card, raw).items()}
             if reference and reference != row["run_id"] else {},
             "comparable": not changes, "protocol_changes": changes,
-            "protocol_change_why": card["experiment"].get("protocol_change"),
-            "confirmed": verdict["confirmed"], "verdict": verdict["verdict"],
-            "guardrails_failed": [g["metric"] for g in verdict["guardrails"] if not g["ok"]],
-            "intervals": paired_intervals(base_rows, tuned_rows, names, resamples=resamples, level=level, seed=seed),
-            "paired": paired(base_rows, tuned_rows, primary),
-            "concentration": concentration(base_rows, tuned_rows, _metric_key(primary))
-            if _metric_key(primary) in tuned_rows[0] else None,
+            "protocol_change_why": raw["experiment"].get("protocol_change"),
+            "base_rows": read_jsonl(folder / "baseline" / "baseline_predictions.jsonl"),
+            "tuned_rows": read_jsonl(folder / "comparison" / "tuned_predictions.jsonl"),
+            "baseline_metrics": io.read_json(folder / "baseline" / "baseline_metrics.json"),
+            "tuned_metrics": io.read_json(folder / "comparison" / "tuned_metrics.json"),
             "baseline_key": (io.read_json(folder / "baseline" / "baseline_key.json") or {}).get("key")
             if (folder / "baseline" / "baseline_key.json").exists() else None,
         })
-
+        row.setdefault("run_metrics", run_metrics(folder))
+    for row in rows:
+        if row["run_id"] in cards:
+            card = cards[row["run_id"]]
+            names = [row["primary_metric"], *row["guardrail_metrics"]]
+            _judge(row, rows, card, [n for n in names if n not in RUN_METRICS] or ["exact_match"], bootstrap)
+    pairs = pairwise(rows, bootstrap)
+    for row in rows:  # the per-example rows served the statistics; the comparison keeps their results only
+        for key in ("base_rows", "tuned_rows", "baseline_metrics", "tuned_metrics"):
+            row.pop(key, None)
     return {"experiment": experiment, "generated": io.utc_now(), "reference": reference,
             "reference_protocol": ref_protocol, "protocol_keys": [*PROTOCOL_KEYS, "data_version", "preference_version"],
-            "bootstrap": {"resamples": resamples, "level": level, "seed": seed}, "runs": rows,
-            "test_openings": openings(root, experiment)}
+            "bootstrap": bootstrap, "runs": rows, "pairs": pairs, "test_openings": openings(root, experiment)}
 
 
 def _load_card(root: Path, experiment: str, run_id: str | None) -> dict[str, Any]:
-    return yaml.safe_load((root / experiment / str(run_id) / "card.yaml").read_text(encoding="utf-8"))
-
-
-def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
-    """One flat row per run for a table: status/reason, changes, primary metric with its interval, flags."""
-    out = []
-    for row in comparison["runs"]:
-        flat: dict[str, Any] = {"run": row["run_id"], "variant": row["variant"], "status": row["status"],
-                                "reason": row["reason"]}
-        if "intervals" in row:
-            metric = row["primary_metric"]
-            iv = row["intervals"]["overall"][metric]
-            flat.update({
-                "changed vs parent": ", ".join(f"{k}={v}" for k, v in (row.get("changed") or {}).items()) or "—",
-                "comparable": "yes" if row["comparable"] else "NO: " + ", ".join(row["protocol_changes"]),
-                metric + " (baseline)": fmt_interval(iv["baseline"]),
-                metric + " (tuned)": fmt_interval(iv["tuned"]),
-                "gain [95% CI]": fmt_interval(iv["diff"], signed=True),
-                "wins/losses/ties": "{wins}/{losses}/{ties}".format(**row["paired"]),
-                "confirmed": row["confirmed"],
-                "flags": "; ".join((row.get("concentration") or {}).get("flags", []) +
-                                   [f"guardrail failed: {g}" for g in row["guardrails_failed"]]) or "—",
-            })
-        out.append(flat)
-    return out
-
-
-def fmt_interval(leaf: dict[str, Any], signed: bool = False) -> str:
-    if leaf["value"] is None:
-        return "n/a"
-    spec = "+.3f" if signed else ".3f"
-    if leaf["low"] is None:
-        return format(leaf["value"], spec)
-    return f"{format(leaf['value'], spec)} [{format(leaf['low'], spec)}, {format(leaf['high'], spec)}]"
+    path = root / experiment / str(run_id) / "card.yaml"
+    return yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else {}

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
-from labkit.experiment.compare import compare_experiment, fmt_interval, summary_rows
+from labkit.experiment.compare import compare_experiment
+from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
 
 # nbconvert, nbformat, matplotlib (labkit.show.plots) take seconds to import: imported inside the functions that use
 # them, so `labkit` commands and card checks start fast
@@ -41,12 +45,25 @@ def _cell(value: Any) -> str:
     return html.escape(str(value))
 
 
-def render_notebooks(run_dir: Path, out: Path) -> list[Path]:
-    """Render a run's executed notebooks to HTML (only those newer than their rendering).
+def _titled(body: str, run_id: str, variant: str, stem: str, experiment: str) -> str:
+    """A rendered notebook titled by its run and linked back to the experiment's index."""
+    title = f"{variant} · {run_id} · {stem}"
+    body = re.sub(r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S)
+    back = (f'<p style="font-family:system-ui,sans-serif;margin:1em"><a href="../../index.html#{html.escape(run_id)}">'
+            f"← experiment {html.escape(experiment)}</a> · run <code>{html.escape(run_id)}</code> ({html.escape(variant)})"
+            f" · {html.escape(stem)}</p>")
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + back, body, count=1)
+
+
+def render_notebooks(run_dir: Path, out: Path, variant: str = "", experiment: str = "") -> list[Path]:
+    """Render a run's executed notebooks to HTML (only those newer than their rendering), titled by the run and
+    linked back to the experiment's index.
 
     Args:
         run_dir: the run folder.
         out: the folder for the HTML files.
+        variant: the run's variant (in the title).
+        experiment: the experiment id (in the link back).
     Returns:
         the HTML files, in stage order.
     """
@@ -63,7 +80,7 @@ def render_notebooks(run_dir: Path, out: Path) -> list[Path]:
         target = out / source.with_suffix(".html").name
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             body, _ = HTMLExporter(embed_images=True).from_notebook_node(nbformat.read(source, as_version=4))
-            io.write_atomic(target, body)
+            io.write_atomic(target, _titled(body, run_dir.name, variant, source.stem, experiment))
         pages.append(target)
     return pages
 
@@ -89,21 +106,38 @@ def draw(comparison: dict[str, Any], out: Path) -> list[str]:
         written.append("loss_curves.png")
     if not runs:
         return written
-    for metric in dict.fromkeys([runs[0]["primary_metric"], "per_category_f1"]):
-        per_run = {r["variant"]: r["intervals"]["per_category"].get(metric) for r in runs}
+    from labkit.show.plots import CATEGORY_TITLES
+
+    primary = runs[0]["primary_metric"]
+    for metric in dict.fromkeys([primary, "per_category_f1"]):
+        per_run = {f"{r['variant']} ({r['run_id'][-8:]})": r["intervals"]["per_category"].get(metric) for r in runs}
         if not all(per_run.values()):
             continue
         values = {"baseline": {c: v["baseline"] for c, v in next(iter(per_run.values())).items()}}
         values.update({name: {c: v["tuned"] for c, v in cats.items()} for name, cats in per_run.items()})
+        shown = "per_category_f1" if metric in ("per_category_f1", "macro_f1") else metric
         name = f"{metric}.png" if metric.startswith("per_category") else f"per_category_{metric}.png"
-        plots.category_bars_ci(values, "f1" if metric == "per_category_f1" else metric, out / name)
+        plots.category_bars_ci(values, shown, out / name, title=f"{CATEGORY_TITLES.get(shown, shown)} per category "
+                               "(bars: 95% bootstrap intervals)")
         written.append(name)
     named = {"baseline": read_jsonl(Path(runs[0]["dir"]) / "baseline" / "baseline_predictions.jsonl")}
-    named.update({r["variant"]: read_jsonl(Path(r["dir"]) / "comparison" / "tuned_predictions.jsonl") for r in runs})
+    named.update({f"{r['variant']} ({r['run_id'][-8:]})": read_jsonl(Path(r["dir"]) / "comparison" / "tuned_predictions.jsonl")
+                  for r in runs})
     if all(rows and "predicted_category" in rows[0] and rows[0].get("category") is not None for rows in named.values()):
-        plots.confusion_matrices(named, out / "confusion_matrices.png")
+        card = yaml.safe_load((Path(runs[0]["dir"]) / "card.yaml").read_text(encoding="utf-8"))
+        plots.confusion_matrices(named, out / "confusion_matrices.png", labels=(card["data"]["target_format"].get("labels")))
         written.append("confusion_matrices.png")
     return written
+
+
+def _interval_lines(iv: dict[str, Any], ref: str) -> list[dict[str, Any]]:
+    lines = [{"metric": m, ref: fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
+              "difference": fmt_interval(v["diff"], True)} for m, v in iv["overall"].items()]
+    for group in ("per_category", "per_key"):
+        for metric, parts in (iv.get(group) or {}).items():
+            lines += [{"metric": f"{metric}[{c}]", ref: fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
+                       "difference": fmt_interval(v["diff"], True)} for c, v in parts.items()]
+    return lines
 
 
 def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
@@ -116,30 +150,37 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         return "\n".join(parts)
     parts.append(f"<p><b>Hypothesis:</b> {html.escape(row['hypothesis'])}</p><p><b>{html.escape(row['verdict'])}</b></p>")
     changed = row.get("changed") or {}
-    parts.append(f"<p>Changed against its parent (<code>{html.escape(str(row.get('parent')))}</code>): "
-                 f"{html.escape(', '.join(f'{k} = {v}' for k, v in changed.items()) or 'nothing (a root card)')}</p>")
+    items = "".join(f"<li><code>{html.escape(fmt_change(k, v))}</code></li>" for k, v in changed.items())
+    parts.append(f"<p>Changed against its parent (<code>{html.escape(str(row.get('parent')))}</code>):</p>"
+                 + (f"<ul>{items}</ul>" if items else "<p>nothing (a root card)</p>"))
     if not row["comparable"]:
         why = row.get("protocol_change_why") or "the card gives no reason"
         changes = ", ".join(f"{k}: {v['reference']} → {v['run']}" for k, v in row["protocol_changes"].items())
         parts.append(f"<p class=\"bad\">Not comparable: protocol keys differ from the reference run ({html.escape(changes)}). "
                      f"Why: {html.escape(why)}</p>")
+    rails = (row.get("decision") or {}).get("guardrails") or []
+    if rails:
+        parts.append("<p>Guardrails against the reference:</p>" + _table(
+            [{k: g.get(k) for k in ("guardrail", "metric", "reference", "value", "ok", "why")} for g in rails]))
     iv = row["intervals"]
-    lines = [{"metric": m, "baseline": fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
-              "difference": fmt_interval(v["diff"], True)} for m, v in iv["overall"].items()]
-    for metric, cats in iv["per_category"].items():
-        lines += [{"metric": f"{metric}[{c}]", "baseline": fmt_interval(v["baseline"]), "tuned": fmt_interval(v["tuned"]),
-                   "difference": fmt_interval(v["diff"], True)} for c, v in cats.items()]
-    parts.append(f"<p>{int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} resamples of the "
-                 f"{iv['n']} evaluation examples):</p>" + _table(lines))
-    flags = (row.get("concentration") or {}).get("flags") or []
-    parts.append("<p>Paired per example on {m}: {w} wins, {l} losses, {t} ties. {f}</p>".format(
-        m=html.escape(row["primary_metric"]), w=row["paired"]["wins"], l=row["paired"]["losses"], t=row["paired"]["ties"],
-        f=html.escape("Flags: " + "; ".join(flags) if flags else "The gain is not concentrated in a few examples or one category.")))
+    parts.append(f"<p>Against the baseline: {int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} "
+                 f"resamples of the {iv['n']} evaluation examples):</p>" + _table(_interval_lines(iv, "baseline")))
+    if row.get("against_intervals"):
+        parts.append(f"<p>Against variant {html.escape(row['against'])} (run <code>{html.escape(str(row['reference_run']))}"
+                     "</code>), paired on the same examples:</p>" + _table(_interval_lines(row["against_intervals"], "reference")))
+    pairs, found = row.get("paired"), row.get("concentration")
+    if pairs and pairs.get("key"):
+        parts.append("<p>Paired per example on {k} against the reference: {w} wins, {l} losses, {t} ties.</p>".format(
+            k=html.escape(pairs["key"]), w=pairs["wins"], l=pairs["losses"], t=pairs["ties"]))
+    if found:
+        text = ("Concentrated: " + "; ".join(found["flags"]) if found["flags"] else "Not concentrated: " + found["statement"])
+        parts.append(f"<p>{html.escape(text)}.</p>")
     return "\n".join(parts)
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:.85em;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}
+table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:fixed}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f3f3f3}.bad{color:#a00}.warn{background:#fff4d6;padding:.6em;border:1px solid #e0c060}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{font-size:.9em}"""
 
@@ -159,8 +200,8 @@ def build_report(root: Path, experiment: str, resamples: int = 2000) -> Path:
     comparison = compare_experiment(root, experiment, resamples=resamples)
     io.write_json(out / "comparison.json", comparison)
     images = draw(comparison, out)
-    sections = [_run_section(row, render_notebooks(Path(row["dir"]), out / "runs" / row["run_id"]), out)
-                for row in comparison["runs"]]
+    sections = [_run_section(row, render_notebooks(Path(row["dir"]), out / "runs" / row["run_id"], row["variant"] or "",
+                                                   experiment), out) for row in comparison["runs"]]
     openings = comparison["test_openings"]
     if openings:
         items = "".join(f"<li>#{e['opening']} {html.escape(str(e['when']))}: run <code>{html.escape(e['run_id'])}</code> by "
@@ -178,7 +219,11 @@ def build_report(root: Path, experiment: str, resamples: int = 2000) -> Path:
 experiment, failed, interrupted and invalid ones included. Reference protocol (evaluation, seed, data version, budget):
 run <code>{html.escape(str(reference))}</code>; a run that differs is flagged not comparable.</p>
 {test}
-<h2>Runs</h2>{_table(summary_rows(comparison))}
+<h2>Runs</h2><p>Every run's primary metric and guardrails on the evaluation split (95% bootstrap intervals),
+its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
+seen, peak memory of a training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
+<h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
+(B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}
 <h2>Run by run</h2>{''.join(sections)}
 </body></html>"""

@@ -8,7 +8,14 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from labkit.scoring.metrics import _norm
+from labkit.scoring.metrics import OTHER, _norm
+
+
+# what a per-category value is, said in the chart's title
+CATEGORY_TITLES = {"f1": "F1 (harmonic mean of precision and recall)", "per_category_f1": "F1",
+                   "macro_f1": "F1 (macro-F1 averages these)", "accuracy": "accuracy within the category (its recall)",
+                   "precision": "precision", "recall": "recall", "field_accuracy": "field accuracy (mean per example)",
+                   "slot_f1": "slot F1 (micro)"}
 
 
 def _save(fig: Any, path: Path | None) -> Any:
@@ -47,7 +54,7 @@ def category_bars(per_category: dict[str, dict[str, dict[str, float]]], metric: 
     """
     values = {label: {c: {"value": v.get(metric, 0.0), "low": None, "high": None} for c, v in cats.items()}
               for label, cats in per_category.items()}
-    return category_bars_ci(values, metric, path, title=f"{metric} per category")
+    return category_bars_ci(values, metric, path, title=f"{CATEGORY_TITLES.get(metric, metric)} per category")
 
 
 def split_distribution(counts: dict[str, dict[str, int]], path: Path | None = None) -> Any:
@@ -148,7 +155,7 @@ def category_bars_ci(values: dict[str, dict[str, dict[str, float | None]]], metr
     labels = list(values)
     cats = sorted({c for v in values.values() for c in v})
     width = 0.8 / max(len(labels), 1)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.5 * len(cats)), 3.8))
+    fig, ax = plt.subplots(figsize=(min(max(6.0, 0.6 * len(cats) * max(len(labels), 1) ** 0.5), 14.0), 3.8))
     for i, label in enumerate(labels):
         leaves = [values[label].get(c) or {"value": None, "low": None, "high": None} for c in cats]
         heights = [leaf["value"] or 0.0 for leaf in leaves]
@@ -157,41 +164,76 @@ def category_bars_ci(values: dict[str, dict[str, dict[str, float | None]]], metr
         has_intervals = any(leaf["low"] is not None for leaf in leaves)
         ax.bar([x + i * width for x in range(len(cats))], heights, width, yerr=[low, high] if has_intervals else None,
                capsize=3, label=label)
-    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))], cats, rotation=20)
+    ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(cats))], [c[:18] for c in cats],
+                  rotation=20 if len(cats) <= 8 else 60, ha="right", fontsize=8 if len(cats) <= 12 else 6)
     ax.set_ylim(0, 1.3)
     ax.set_ylabel(metric)
-    ax.set_title(title or f"{metric} per category (bars: 95% bootstrap intervals)")
+    ax.set_title(title or f"{CATEGORY_TITLES.get(metric, metric)} per category (bars: 95% bootstrap intervals)", fontsize=9)
     ax.legend(loc="upper left", ncol=min(len(labels), 3), fontsize=7)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
 
-def confusion_matrices(named: dict[str, list[dict[str, Any]]], path: Path | None = None) -> Any:
-    """One confusion matrix (reference category × predicted category) per model.
+def confusion_counts(rows: list[dict[str, Any]], labels: list[str], top_k: int = 30) -> tuple[list[str], list[str], Any]:
+    """Counts of reference label × answer over the known labels plus one "other answer" column.
+
+    Args:
+        rows: scored predictions with `category` and `predicted_category`.
+        labels: the known labels (the card's target_format.labels, else the references' labels).
+        top_k: beyond this many labels, the top_k most frequent references are kept and the rest grouped.
+    Returns:
+        (row labels, column labels, counts array).
+    """
+    gold = [_norm(r["category"]) for r in rows]
+    support = {label: gold.count(label) for label in labels}
+    kept = labels if len(labels) <= top_k else sorted(sorted(labels, key=lambda x: -support[x])[:top_k])
+    rest = f"{len(labels) - len(kept)} other labels" if len(kept) < len(labels) else None
+    row_names = kept + ([rest] if rest else [])
+    columns = kept + ([rest] if rest else []) + [OTHER]
+    counts = np.zeros((len(row_names), len(columns)), dtype=int)
+    for g, r in zip(gold, rows):
+        i = row_names.index(g) if g in kept else (len(kept) if rest else None)
+        if i is None:  # a reference outside the known labels: counted under "other labels" only when grouped
+            continue
+        p = r["predicted_category"]
+        j = columns.index(p) if p in kept else (len(kept) if rest and p in labels else len(columns) - 1)
+        counts[i, j] += 1
+    return row_names, columns, counts
+
+
+def confusion_matrices(named: dict[str, list[dict[str, Any]]], path: Path | None = None,
+                       labels: list[str] | None = None, top_k: int = 30) -> Any:
+    """One confusion matrix (reference label × answer) per model, over the known labels plus one "other answer"
+    column for every answer outside them; readable up to 30 labels, the 30 most frequent beyond that.
 
     Args:
         named: {model label: scored predictions with `category` and `predicted_category`}.
         path: where to save the PNG.
+        labels: the known labels (default: the references' labels).
+        top_k: the most labels drawn one by one.
     """
-
-    gold_labels = sorted({_norm(r["category"]) for rows in named.values() for r in rows})
-    predicted = sorted({r["predicted_category"] for rows in named.values() for r in rows} - set(gold_labels))
-    columns = gold_labels + predicted  # answers outside the categories (or no answer) get their own columns
-    fig, axes = plt.subplots(1, len(named), figsize=(3.2 * len(named) + 1.5, 3.2 + 0.25 * len(gold_labels)), squeeze=False)
-    for ax, (label, rows) in zip(axes[0], named.items()):
-        counts = np.zeros((len(gold_labels), len(columns)), dtype=int)
-        for r in rows:
-            counts[gold_labels.index(_norm(r["category"])), columns.index(r["predicted_category"])] += 1
-        ax.imshow(counts, cmap="Blues")
+    labels = labels or sorted({_norm(r["category"]) for rows in named.values() for r in rows})
+    shown = min(len(labels), top_k) + (len(labels) > top_k)
+    side = max(2.6, 0.32 * (shown + 1) + 1.6)
+    across = len(named) if shown <= 10 else 1  # wide matrices one under the other
+    down = -(-len(named) // across)
+    fig, axes = plt.subplots(down, across, figsize=(side * across + 0.8, side * down), squeeze=False)
+    for ax in axes.flat[len(named):]:
+        ax.axis("off")
+    for ax, (label, rows) in zip(axes.flat, named.items()):
+        row_names, columns, counts = confusion_counts(rows, labels, top_k)
+        ax.imshow(counts, cmap="Blues", aspect="auto")
         for (i, j), value in np.ndenumerate(counts):
             if value:
                 ax.text(j, i, str(value), ha="center", va="center", fontsize=7,
                         color="white" if value > counts.max() / 2 else "black")
-        ax.set_xticks(range(len(columns)), columns, rotation=60, fontsize=7)
-        ax.set_yticks(range(len(gold_labels)), gold_labels, fontsize=7)
-        ax.set_xlabel("predicted")
-        ax.set_title(label, fontsize=8)
-    axes[0][0].set_ylabel("reference")
+        ax.set_xticks(range(len(columns)), [c[:18] for c in columns], rotation=60, ha="right", fontsize=7)
+        ax.set_yticks(range(len(row_names)), [c[:18] for c in row_names], fontsize=7)
+        ax.set_xlabel("answer")
+        ax.set_ylabel("reference")
+        right = np.trace(counts[:, : len(row_names)]) if len(row_names) else 0
+        ax.set_title(f"{label}: {right}/{counts.sum()} right", fontsize=8)
+    fig.suptitle(f"confusion matrices over {len(labels)} known labels (+ other answer)", fontsize=9)
     return _save(fig, path)
 
 

@@ -62,3 +62,36 @@ def html(text: str) -> Any:
     from IPython.display import HTML
 
     return HTML(text)
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    """Seconds as m:ss (h:mm:ss from an hour on); "—" when unknown."""
+    if seconds is None:
+        return "—"
+    whole = int(round(seconds))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def fmt_gib(value: float | None, from_bytes: bool = False) -> str:
+    """A size in GiB with two decimals (from bytes when from_bytes); "—" when unknown."""
+    if value is None:
+        return "—"
+    return f"{value / 2**30 if from_bytes else value:.2f} GiB"
+
+
+def readable(rows: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]] | dict[str, Any]:
+    """Rows with byte counts shown as GiB and seconds as m:ss (keys ending in _bytes / _seconds / seconds)."""
+
+    def one(key: str, value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key.endswith("bytes"):
+                return fmt_gib(value, from_bytes=True)
+            if key.endswith("seconds") or key.endswith("runtime"):
+                return fmt_seconds(value)
+        return value
+
+    if isinstance(rows, dict):
+        return {k: one(k, v) for k, v in rows.items()}
+    return [{k: one(k, v) for k, v in r.items()} for r in rows]

@@ -6,6 +6,7 @@ and interactively (run_dir "" → the newest unfinished interactive run of this 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import warnings
@@ -141,6 +142,44 @@ def _quiet_batch() -> None:
         tqdm.auto.tqdm = tqdm.std.tqdm  # before transformers/datasets import it
 
 
+# the libraries whose log records (weights loading, dropped examples, bitsandbytes' kernel notice) go to the run's log
+LIBRARY_LOGGERS = ("transformers", "datasets", "bitsandbytes", "peft", "accelerate", "trl", "torch", "huggingface_hub",
+                   "py.warnings")
+
+
+def capture_library_logs(run_dir: Path, stage: str) -> Path:
+    """Send the libraries' log records and Python warnings to the run's `logs/libraries.log` instead of stderr, where
+    an archived notebook shows them as error-coloured blocks; print one line saying where they are.
+
+    Args:
+        run_dir: the run folder.
+        stage: the stage name (on every line of the log).
+    Returns:
+        the log file.
+    """
+    import datasets.utils.logging  # noqa: F401  (configures its stderr handler on import: removed below)
+    import transformers.utils.logging
+
+    transformers.utils.logging.get_logger()  # its stderr handler is added on first use: now, so it can be removed
+    path = run_dir / "logs" / "libraries.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s {stage} %(name)s %(levelname)s: %(message)s"))
+    handler.labkit = True  # type: ignore[attr-defined]
+    logging.captureWarnings(True)
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in list(logger.handlers):
+            if getattr(old, "labkit", False) or type(old) is logging.StreamHandler:
+                logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.propagate = False
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+    print(f"library messages (transformers, datasets, bitsandbytes, warnings) are logged to {path}")
+    return path
+
+
 def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     """Open a stage for a notebook.
 
@@ -175,4 +214,5 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     start_heartbeat(run.dir)  # lets `labkit runs` tell a live run from one whose process died
     stage = Stage(name, loaded, run, interactive)
     print(f"labkit · {loaded.card.experiment.id}/{run.run_id} · stage {name} · device {stage.device}")
+    capture_library_logs(run.dir, name)
     return stage

@@ -1,0 +1,119 @@
+"""The runs of an experiment side by side: one flat row per run, and the paired view between any two runs."""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from labkit.evaluate.verdict import paired
+from labkit.scoring.bootstrap import paired_intervals
+from labkit.scoring.metrics import RUN_METRICS
+from labkit.show.tables import fmt_gib, fmt_seconds
+
+
+def fmt_interval(leaf: dict[str, Any] | None, signed: bool = False) -> str:
+    """A bootstrap leaf {value, low, high} as "v [low, high]" ("n/a" without a value)."""
+    if not leaf or leaf["value"] is None:
+        return "n/a"
+    spec = "+.3f" if signed else ".3f"
+    if leaf["low"] is None:
+        return format(leaf["value"], spec)
+    return f"{format(leaf['value'], spec)} [{format(leaf['low'], spec)}, {format(leaf['high'], spec)}]"
+
+
+def fmt_change(key: str, change: dict[str, Any]) -> str:
+    """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative)."""
+    def show(value: Any) -> str:
+        return "—" if value is None else str(value)
+    return f"{key}: {show(change.get('old'))} → {show(change.get('new'))}"
+
+
+def _metric_cell(row: dict[str, Any], name: str) -> str:
+    if name in RUN_METRICS:
+        value = (row.get("run_metrics") or {}).get(name)
+        return "—" if value is None else f"{value:.3f}"
+    return fmt_interval(((row.get("intervals") or {}).get("overall") or {}).get(name, {}).get("tuned"))
+
+
+def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """One flat row per run: status, primary metric and guardrails with intervals, the gain against the card's
+    reference, training time, steps, tokens seen, peak memory, cost, the verdict, and the card diff against the parent."""
+    out = []
+    for row in comparison["runs"]:
+        metrics = row.get("run_metrics") or {}
+        flat: dict[str, Any] = {"run": f"{row['variant']} · {row['run_id']}", "status": row["status"]}
+        if "intervals" in row:
+            primary = row["primary_metric"]
+            against = row.get("against", "baseline")
+            iv = (row.get("against_intervals") or row["intervals"])["overall"].get(primary)
+            gain = "—" if primary in RUN_METRICS else fmt_interval(iv["diff"] if iv else None, signed=True)
+            flat.update({
+                "primary": f"{primary} = {_metric_cell(row, primary)}",
+                "against": against if against == "baseline" else f"{against} ({row.get('reference_run') or 'no run yet'})",
+                "gain vs reference [95% CI]": gain,
+                "guardrails": "; ".join(f"{g} = {_metric_cell(row, g)}" for g in row["guardrail_metrics"]
+                                        if g != "per_category_f1") or "—",
+            })
+        flat.update({"training time": fmt_seconds(metrics.get("train_seconds")),
+                     "steps": metrics.get("steps") if metrics.get("steps") is not None else "—",
+                     "tokens seen": f"{metrics['tokens_seen']:,.0f}" if metrics.get("tokens_seen") else "—",
+                     "peak memory": fmt_gib(metrics.get("peak_memory_gib")),
+                     "cost": f"{metrics['cost']:.2f}" if metrics.get("cost") is not None else "—"})
+        if "intervals" in row:
+            pairs = row.get("paired")
+            concentration = row.get("concentration")
+            flat.update({
+                "verdict": ("CONFIRMED" if row["confirmed"] else row["verdict"].split(":")[0])
+                + ("" if row["comparable"] else " · NOT COMPARABLE: " + ", ".join(row["protocol_changes"])),
+                "wins/losses/ties": "{wins}/{losses}/{ties}".format(**pairs) if pairs and pairs.get("key") else "—",
+                "changed vs parent": "; ".join(fmt_change(k, v) for k, v in (row.get("changed") or {}).items()) or "—",
+                "flags": "; ".join(((concentration or {}).get("flags") or []) +
+                                   [f"guardrail failed: {g}" for g in row["guardrails_failed"]]) or "—",
+            })
+        if row.get("reason"):
+            flat["reason"] = row["reason"]
+        out.append(flat)
+    return out
+
+
+def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
+    """Paired intervals between every two comparable completed runs evaluated on the same examples.
+
+    Args:
+        rows: compare_experiment's run rows, still holding "tuned_rows".
+        bootstrap: resamples, level, seed.
+    Returns:
+        one entry per pair (a older than b): {"a", "b", "metric", "interval" ({baseline: a, tuned: b, diff: b − a}),
+        "paired" (b against a per example), "run_metrics": {name: {"a", "b", "ratio"}}}.
+    """
+    done = [r for r in rows if "tuned_rows" in r and r.get("comparable") and r["status"] == "completed"]
+    out = []
+    for a, b in combinations(done, 2):
+        if a.get("baseline_key") != b.get("baseline_key") or a["primary_metric"] != b["primary_metric"]:
+            continue  # different evaluation examples or different questions: no paired comparison
+        metric = a["primary_metric"] if a["primary_metric"] not in RUN_METRICS else next(
+            (g for g in a["guardrail_metrics"] if g not in RUN_METRICS and g != "per_category_f1"), "exact_match")
+        interval = paired_intervals(a["tuned_rows"], b["tuned_rows"], [metric], **bootstrap)["overall"][metric]
+        run = {}
+        for name in RUN_METRICS:
+            va, vb = (a.get("run_metrics") or {}).get(name), (b.get("run_metrics") or {}).get(name)
+            if va is not None and vb is not None:
+                run[name] = {"a": va, "b": vb, "ratio": vb / va if va else None}
+        out.append({"a": a["run_id"], "b": b["run_id"], "a_variant": a["variant"], "b_variant": b["variant"],
+                    "metric": metric, "interval": interval, "paired": paired(a["tuned_rows"], b["tuned_rows"], metric),
+                    "run_metrics": run})
+    return out
+
+
+def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run-vs-run view as flat rows."""
+    out = []
+    for p in comparison.get("pairs") or []:
+        iv = p["interval"]
+        ratios = ", ".join(f"{k} ×{v['ratio']:.2f}" for k, v in p["run_metrics"].items() if v["ratio"] is not None)
+        out.append({"A": f"{p['a_variant']} · {p['a']}", "B": f"{p['b_variant']} · {p['b']}", "metric": p["metric"],
+                    "A value": fmt_interval(iv["baseline"]), "B value": fmt_interval(iv["tuned"]),
+                    "B − A [95% CI]": fmt_interval(iv["diff"], signed=True),
+                    "B wins/losses/ties": "{wins}/{losses}/{ties}".format(**p["paired"]),
+                    "B / A run metrics": ratios or "—"})
+    return out
