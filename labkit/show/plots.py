@@ -10,7 +10,6 @@ import numpy as np
 
 from labkit.scoring.metrics import OTHER, _norm
 
-
 # what a per-category value is, said in the chart's title
 CATEGORY_TITLES = {"f1": "F1 (harmonic mean of precision and recall)", "per_category_f1": "F1",
                    "macro_f1": "F1 (macro-F1 averages these)", "accuracy": "accuracy within the category (its recall)",

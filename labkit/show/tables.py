@@ -20,6 +20,7 @@ def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None
     """
     import pandas as pd
 
+    pd.set_option("display.max_colwidth", None)  # JSON targets and answers whole: a cut answer hides the wrong field
     if isinstance(rows, dict):
         rows = [{"key": k, "value": v} for k, v in rows.items()]
     frame = pd.DataFrame(rows)
@@ -46,6 +47,21 @@ def per_category_table(named: dict[str, dict[str, Any]], metrics: tuple[str, ...
             for metric in metrics:
                 if metric in values:
                     row[f"{metric} · {label}"] = values[metric]
+        rows.append(row)
+    return table(rows)
+
+
+def per_key_table(named: dict[str, dict[str, Any]]) -> Any:
+    """Slot precision, recall and F1 per JSON key of several models side by side, with the key's support."""
+    keys = list(dict.fromkeys(k for v in named.values() for k in v.get("per_key") or {}))
+    rows = []
+    for key in keys:
+        row: dict[str, Any] = {"key": key}
+        for label, v in named.items():
+            values = (v.get("per_key") or {}).get(key, {})
+            row["support"] = values.get("support", row.get("support"))
+            for metric in ("slot_precision", "slot_recall", "slot_f1"):
+                row[f"{metric} · {label}"] = values.get(metric)
         rows.append(row)
     return table(rows)
 

@@ -77,3 +77,27 @@ def run_baseline(stage: Any) -> dict[str, Any]:
     metrics = io.read_json(stage.path(files[1]))
     stage.save_json("baseline_key.json", {"key": key, "cached": cached, "cache": str(cache)})
     return {"metrics": metrics, "rows": rows, "cached": cached, "key": key}
+
+
+def target_statement(card: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+    """What the tuned model must reach, said from the baseline (run metrics and a variant reference: said later).
+
+    Args:
+        card: the card (experiment.target).
+        metrics: the baseline's metrics.
+    Returns:
+        {"baseline" (None for a run metric), "needed" (None unless min_improvement against the baseline), "text"}.
+    """
+    from labkit.scoring.metrics import RUN_METRICS
+
+    target = card.experiment.target
+    base = None if target.primary_metric in RUN_METRICS else metrics["overall"][target.primary_metric]
+    needed = base + target.min_improvement if base is not None and target.min_improvement is not None else None
+    if base is None:
+        text = f"`{target.primary_metric}` is a run metric: it is judged in stage 05 against variant {target.against}."
+    else:
+        text = f"The base model scores **{base:.3f}** on `{target.primary_metric}`. "
+        text += (f"The hypothesis holds only if the tuned model reaches **{needed:.3f}** on the same split and "
+                 "procedure, with every guardrail passing." if needed is not None and target.against == "baseline"
+                 else f"The hypothesis is judged in stage 05 against {target.against}.")
+    return {"baseline": base, "needed": needed, "text": text}

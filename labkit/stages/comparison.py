@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.core import io
 from labkit.errors import MissingInput
 from labkit.evaluate.run_metrics import reference_metrics, reference_run, run_metrics
 from labkit.evaluate.verdict import verdict
@@ -74,7 +73,8 @@ def judge(stage: Any, baseline_metrics: dict[str, Any], tuned_metrics: dict[str,
     return decision
 
 
-def _key(rows: list[dict[str, Any]]) -> str:
+def score_key(rows: list[dict[str, Any]]) -> str:
+    """The per-example score shown in the example tables: right or not (labels), field accuracy (JSON), else ROUGE-L."""
     return next(k for k in ("correct", "field_accuracy", "rouge_l") if k in rows[0])
 
 
@@ -87,7 +87,7 @@ def _side_by_side(row: dict[str, Any], base: dict[str, Any], key: str) -> dict[s
 def examples_table(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], n: int = 6) -> list[dict[str, Any]]:
     """A few examples side by side, where the tuned model changed the score most (targets and answers whole)."""
     base = {r["id"]: r for r in base_rows}
-    key = _key(tuned_rows)
+    key = score_key(tuned_rows)
     ordered = sorted(tuned_rows, key=lambda r: -abs(r[key] - base[r["id"]][key]))
     return [_side_by_side(row, base[row["id"]], key) for row in ordered[:n]]
 
@@ -95,7 +95,7 @@ def examples_table(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, A
 def failing_table(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], n: int = 10) -> list[dict[str, Any]]:
     """The tuned model's failing rows (score below 1), worst first, regressions before the rest, whole."""
     base = {r["id"]: r for r in base_rows}
-    key = _key(tuned_rows)
+    key = score_key(tuned_rows)
     failing = [r for r in tuned_rows if r[key] < 1.0]
     failing.sort(key=lambda r: (r[key] - base[r["id"]][key] >= 0, r[key], r["id"]))
     return [_side_by_side(row, base[row["id"]], key) for row in failing[:n]]
@@ -107,3 +107,25 @@ def concentration_text(found: dict[str, Any] | None, metric: str) -> str:
         return f"No per-example view: {metric} is a run metric (one number per run), so the gain cannot be located."
     flags = found["flags"]
     return ("**Concentrated:** " + "; ".join(flags) + "." if flags else "Not concentrated: " + found["statement"] + ".")
+
+
+def paired_view(stage: Any, base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]]) -> str:
+    """Wins / losses / ties against the baseline on the primary metric's per-example value and where the gain comes
+    from; saved as paired.json and concentration.json.
+
+    Returns:
+        the statement, with its numbers (markdown).
+    """
+    from labkit.evaluate.verdict import paired
+    from labkit.scoring.bootstrap import concentration_for
+
+    primary = stage.card.experiment.target.primary_metric
+    pairs = paired(base_rows, tuned_rows, primary)
+    stage.save_json("paired.json", pairs)
+    found = concentration_for(base_rows, tuned_rows, primary)
+    stage.save_json("concentration.json", found)
+    where = concentration_text(found, primary)
+    if not pairs["key"]:
+        return where
+    return (f"Against the baseline on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
+            f"{pairs['ties']} ties**. {where}")

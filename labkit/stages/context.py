@@ -174,8 +174,8 @@ def capture_library_logs(run_dir: Path, stage: str) -> Path:
                 logger.removeHandler(old)
         logger.addHandler(handler)
         logger.propagate = False
-        if logger.level == logging.NOTSET or logger.level > logging.INFO:
-            logger.setLevel(logging.INFO)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
     print(f"library messages (transformers, datasets, bitsandbytes, warnings) are logged to {path}")
     return path
 

@@ -110,18 +110,96 @@ def free_memory(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def time_and_cost(card: Card, train_rows: int, seconds_per_step: float) -> dict[str, Any]:
-    """Training time from the measured step time (at the p95 length, so an upper bound) and its rental cost.
+def token_lengths(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[int]:
+    """Tokens of each prepared row as the trainer sees it (prompt + completion, cut at data.max_length)."""
+    from labkit.data.prompting import encode_rows
 
+    return [min(len(e.input_ids), card.data.max_length) for e in encode_rows(tokenizer, card, rows)]
+
+
+def row_lengths(card: Card, lengths: list[int]) -> list[int]:
+    """The lengths of the rows the trainer batches: the examples, or the packed rows (stage 04's packer) when
+    train.packing."""
+    if not card.train.packing:
+        return list(lengths)
+    from labkit.train.packing import pack
+
+    return [len(r["input_ids"]) for r in pack([{"input_ids": [1] * n, "labels": [1] * n} for n in lengths],
+                                              card.data.max_length)]
+
+
+def packed_lengths(card: Card, lengths: list[int]) -> dict[str, int]:
+    """The p95 and the max of the rows the trainer batches (packed rows when train.packing): the lengths stage 03
+    measures a step at."""
+    rows = sorted(row_lengths(card, lengths))
+    return {"p95": rows[min(len(rows) - 1, int(0.95 * len(rows)))], "max": rows[-1]}
+
+
+def _micro_seconds(measured: list[dict[str, Any]]) -> Callable[[float], float]:
+    """Seconds of one micro-batch's forward and backward at a padded length L: a line through the measured steps."""
+    points = sorted({(m["seq_len"], m["seconds_per_step"] / m.get("grad_accum", 1)) for m in measured
+                     if m.get("seconds_per_step")})
+    if not points:
+        raise ValueError("no measured step time: stage 03's measurement did not run")
+    (l0, s0), (l1, s1) = points[0], points[-1]
+    if l1 == l0 or s1 <= s0:
+        return lambda length: s1 * length / l1  # one length measured (or no growth seen): proportional
+    slope = (s1 - s0) / (l1 - l0)
+    return lambda length: max(s0 + slope * (length - l0), s0 * length / l0 * 0.5)
+
+
+def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int],
+              measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """Training time predicted from the measured steps: the trainer's batches replayed, evaluation passes included.
+
+    The rows the trainer batches (packed rows when train.packing) are shuffled as one epoch would be, cut into
+    micro-batches padded to their longest row, and each micro-batch costs the measured step time at that length
+    (a line through the measurements at two lengths). Validation-loss passes (every train.eval_steps steps, as
+    stage 04 schedules them) cost a forward pass, a third of a training micro-batch at the same length.
+
+    Args:
+        card: the card.
+        train_lengths: tokens of each training example (`token_lengths`).
+        validation_lengths: tokens of each validation example.
+        measured: stage 03's measurements (`measure`), each with seq_len, seconds_per_step and grad_accum.
     Returns:
-        {"steps", "seconds_per_step", "hours", "cost", "within_budget"}.
+        {"steps", "rows_per_epoch", "examples_per_step", "seconds_per_step", "train_seconds" (training + evaluation:
+         what the trainer's train_runtime measures), "evaluations", "evaluation_seconds", "hours", "cost",
+         "within_budget", "train_tokens" (tokens per epoch), "packed"}.
     """
+    import random
+
     t = card.train
-    steps = t.max_steps or math.ceil(math.ceil(train_rows / t.micro_batch) / t.grad_accum * (t.epochs or 1))
-    seconds = steps * seconds_per_step * t.grad_accum
-    hours = seconds / 3600
-    return {"steps": steps, "seconds_per_step": seconds_per_step * t.grad_accum, "hours": hours,
-            "cost": hours * card.budget.price_per_gpu_hour, "within_budget": seconds <= card.budget.max_minutes * 60}
+    per_micro = _micro_seconds(measured)
+    rows = row_lengths(card, train_lengths)
+    micro_per_epoch = math.ceil(len(rows) / t.micro_batch)
+    per_epoch = max(1, math.ceil(micro_per_epoch / t.grad_accum))
+    steps = t.max_steps or math.ceil(per_epoch * (t.epochs or 1))
+    rng = random.Random(t.seed)
+    seconds, micro_done = 0.0, 0
+    while micro_done < steps * t.grad_accum:
+        order = rows[:]
+        rng.shuffle(order)
+        for i in range(0, len(order), t.micro_batch):
+            if micro_done >= steps * t.grad_accum:
+                break
+            seconds += per_micro(max(order[i:i + t.micro_batch]))
+            micro_done += 1
+    eval_steps = t.eval_steps or max(1, (t.max_steps or math.ceil(math.ceil(len(train_lengths) / t.micro_batch)
+                                                                   / t.grad_accum * (t.epochs or 1))) // 4)
+    evaluations = steps // eval_steps if validation_lengths else 0
+    ordered = validation_lengths
+    batch = card.eval.batch_size
+    one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
+                   for i in range(0, len(ordered), batch))
+    total = seconds + evaluations * one_pass
+    hours = total / 3600
+    return {"steps": steps, "rows_per_epoch": len(rows), "examples_per_step": len(train_lengths) / per_epoch,
+            "seconds_per_step": seconds / steps, "train_seconds": total, "evaluations": evaluations,
+            "evaluation_seconds": evaluations * one_pass, "hours": hours,
+            "cost": hours * card.budget.price_per_gpu_hour * card.distributed.num_processes,
+            "within_budget": total <= card.budget.max_minutes * 60, "train_tokens": sum(train_lengths),
+            "packed": card.train.packing}
 
 
 def failures(update: dict[str, Any], accumulation: dict[str, Any], checkpointing: dict[str, Any],
@@ -138,3 +216,25 @@ def failures(update: dict[str, Any], accumulation: dict[str, Any], checkpointing
     if not verdict["fits"]:
         out.append(f"memory: {verdict['message']}")
     return out
+
+
+def plan_lengths(stage: Any, train_rows: list[dict[str, Any]]) -> tuple[list[int], list[int], dict[str, int]]:
+    """Token lengths of the training and validation rows, and the two lengths a step is measured at: the p95 and max
+    of the examples (stage 02), or of the packed rows for a packed card."""
+    train = token_lengths(stage.tokenizer, stage.card, train_rows)
+    validation = token_lengths(stage.tokenizer, stage.card, stage.split("validation"))
+    if stage.card.train.packing:
+        return train, validation, packed_lengths(stage.card, train)
+    return train, validation, representative_lengths(stage.read("preprocessing", "lengths.json"), stage.card.data.max_length)
+
+
+def plan_text(card: Card, verdict: dict[str, Any], plan: dict[str, Any]) -> str:
+    """The fit verdict and the time plan in two lines (times as m:ss)."""
+    from labkit.show.tables import fmt_seconds
+
+    rows = f"{plan['rows_per_epoch']} {'packed ' if plan['packed'] else ''}rows per epoch"
+    return (f"**Memory:** {verdict['message']}.  \n**Training:** {plan['steps']} optimiser steps of "
+            f"{plan['examples_per_step']:.1f} examples ({rows}) × {fmt_seconds(plan['seconds_per_step'])} + "
+            f"{plan['evaluations']} validation passes ≈ **{fmt_seconds(plan['train_seconds'])}** (m:ss), "
+            f"{plan['cost']:.2f} at the card's price per GPU hour ({'within' if plan['within_budget'] else 'OVER'} "
+            f"the {card.budget.max_minutes:g}-minute budget).")
