@@ -1,0 +1,98 @@
+"""Hypotheses against a sibling variant, and run metrics (time, throughput, memory, cost) judged as metrics."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from labkit.card.load import load_card
+from labkit.card.schema import Card
+from labkit.errors import CardError
+from labkit.evaluate.run_metrics import run_metrics
+from labkit.evaluate.verdict import verdict
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _card(**target) -> Card:
+    raw = copy.deepcopy(load_card(REPO / "params" / "examples" / "ticket-packed.yaml").resolved)
+    raw["experiment"]["target"] = {"behaviour": "extraction", "primary_metric": "field_accuracy", **target}
+    raw["experiment"]["guardrails"] = [{"metric": "train_seconds", "max_ratio": 1.0},
+                                       {"metric": "json_valid_rate", "max_drop": 0.05}]
+    return Card.model_validate(raw)
+
+
+def _run(tmp: Path, name: str, seconds: float, epoch: float = 1.0) -> Path:
+    run = tmp / name
+    (run / "training").mkdir(parents=True)
+    (run / "parameter_check").mkdir()
+    (run / "training" / "outcome.json").write_text(json.dumps(
+        {"steps": 63, "world_size": 1, "metrics": {"train_runtime": seconds, "epoch": epoch}}))
+    (run / "parameter_check" / "fit.json").write_text(json.dumps({"plan": {"train_tokens": 50_000, "train_seconds": 300.0}}))
+    (run / "parameter_check" / "memory.json").write_text(json.dumps(
+        {"comparison": [{"peak_gib_measured": 1.5}, {"peak_gib_measured": 2.25}]}))
+    return run
+
+
+def _metrics(field_accuracy: float, valid: float, run: dict | None = None) -> dict:
+    return {"n": 10, "overall": {"field_accuracy": field_accuracy, "json_valid_rate": valid}, "per_category": {},
+            **({"run": run} if run else {})}
+
+
+def test_run_metrics_from_the_stage_files(tmp_path: Path) -> None:
+    m = run_metrics(_run(tmp_path, "a", 338.0, epoch=2.0), price_per_gpu_hour=3.6)
+    assert m["train_seconds"] == 338.0 and m["steps"] == 63 and m["tokens_seen"] == 100_000
+    assert m["tokens_per_second"] == pytest.approx(100_000 / 338.0)
+    assert m["peak_memory_gib"] == 2.25 and m["cost"] == pytest.approx(338.0 / 3600 * 3.6)
+    assert run_metrics(tmp_path / "nothing")["train_seconds"] is None
+
+
+def test_against_variant_train_seconds_guardrail_refuted_when_the_variant_is_slower(tmp_path: Path) -> None:
+    card = _card(against="quickstart-lora-r16", min_improvement=-0.01)  # at least the parent's accuracy, in less time
+    baseline = _metrics(0.01, 0.2)
+    parent = _metrics(0.85, 1.0, run_metrics(_run(tmp_path, "parent", 292.0)))
+    slower = _metrics(0.86, 1.0, run_metrics(_run(tmp_path, "packed", 338.0)))
+    decision = verdict(card, baseline, slower, parent, "parent-run")
+    assert decision["confirmed"] is False and decision["against"] == "quickstart-lora-r16"
+    assert decision["primary"]["ok"] is True and decision["primary"]["reference"] == 0.85  # judged against the parent
+    rail = next(r for r in decision["guardrails"] if r["metric"] == "train_seconds")
+    assert rail["ok"] is False and rail["reference"] == 292.0 and rail["value"] == 338.0
+    assert "338.000 / 292.000 = 1.158 > max_ratio 1.0" in rail["why"]
+    assert decision["verdict"].startswith("NOT CONFIRMED against variant quickstart-lora-r16 (run parent-run)")
+    assert "train_seconds" in decision["verdict"]
+    faster = _metrics(0.86, 1.0, run_metrics(_run(tmp_path, "packed-fast", 250.0)))
+    assert verdict(card, baseline, faster, parent, "parent-run")["confirmed"] is True
+    worse = _metrics(0.80, 1.0, run_metrics(_run(tmp_path, "packed-worse", 250.0)))
+    assert "field_accuracy gain -0.050 < required -0.01" in verdict(card, baseline, worse, parent, "p")["verdict"]
+    pending = verdict(card, baseline, slower)  # the parent has no completed run yet: no verdict, said so
+    assert pending["confirmed"] is False and pending["verdict"].startswith("NOT JUDGED")
+
+
+def test_run_metric_as_primary_with_a_ratio(tmp_path: Path) -> None:
+    card = _card(primary_metric="train_seconds", against="quickstart-lora-r16", max_ratio=0.8)
+    parent = _metrics(0.85, 1.0, run_metrics(_run(tmp_path, "parent", 300.0)))
+    quick = _metrics(0.85, 1.0, run_metrics(_run(tmp_path, "quick", 200.0)))
+    decision = verdict(card, _metrics(0.01, 0.2), quick, parent, "parent-run")
+    assert decision["primary"]["ratio"] == pytest.approx(2 / 3) and decision["primary"]["gain"] == 100.0
+    assert decision["confirmed"] is True
+
+
+def test_card_refuses_a_run_metric_compared_with_the_base_model(tmp_path: Path) -> None:
+    raw = copy.deepcopy(load_card(REPO / "params" / "quickstart.yaml").resolved)
+    raw["experiment"]["guardrails"] = [{"metric": "train_seconds", "max_ratio": 1.0}]
+    path = tmp_path / "card.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(CardError, match="train_seconds max_ratio compares with the reference.*target.against"):
+        load_card(path)
+    raw["experiment"]["guardrails"] = [{"metric": "train_seconds", "max": 600}]  # an absolute bound needs no reference
+    path.write_text(yaml.safe_dump(raw))
+    assert load_card(path).card.experiment.guardrails[0].max == 600
+    raw["data"]["target_format"]["optional_keys"] = ["category"]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(CardError, match="both required and optional"):
+        load_card(path)
