@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 CARD   ?= params/quickstart.yaml
 
-.PHONY: run test test-fast test-slow bench lab venv clean-runs
+.PHONY: run test test-fast test-slow bench lab venv clean-runs chromium
 
 # Reinstalled only when requirements.txt or pyproject.toml is newer than the stamp (or .venv is missing):
 # a second call installs nothing.
@@ -19,12 +19,19 @@ $(STAMP): requirements.txt pyproject.toml
 		|| $(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
 	@touch $(STAMP)
 
+# Debian's chromium for the report test (tests/integration/test_report_browser.py), where apt can install it;
+# without it that test is skipped with the reason
+chromium:
+	@test -x /usr/bin/chromium || { command -v apt-get >/dev/null && (apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
+		echo "chromium could not be installed: the report's browser test will be skipped"
+
 venv: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/labkit run $(CARD)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

@@ -128,15 +128,16 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
     seed_row = by_variant["seed7"]
     assert seed_row["comparable"] is False and set(seed_row["protocol_changes"]) == {"train.seed"}
     assert seed_row["protocol_change_why"].startswith("checking how much")
-    assert seed_row["changed"] == {"experiment.variant": "seed7", "experiment.protocol_change": seed_row["protocol_change_why"],
-                                   "train.seed": 7}
+    assert {k: v["new"] for k, v in seed_row["changed"].items()} == {
+        "experiment.variant": "seed7", "experiment.protocol_change": seed_row["protocol_change_why"], "train.seed": 7}
+    assert seed_row["changed"]["train.seed"]["old"] == 42
     for row in (by_variant["tiny-lora"], seed_row):  # the intervals' point values are stage 05's own metrics
         verdict = json.loads((Path(row["dir"]) / "comparison" / "verdict.json").read_text())
         primary = row["intervals"]["overall"]["field_accuracy"]
         assert primary["tuned"]["value"] == pytest.approx(verdict["primary"]["tuned"])
         assert primary["baseline"]["value"] == pytest.approx(verdict["primary"]["baseline"])
         assert primary["tuned"]["low"] <= primary["tuned"]["value"] <= primary["tuned"]["high"]
-        assert sum(row["paired"].values()) == row["intervals"]["n"]
+        assert sum(row["paired"][k] for k in ("wins", "losses", "ties")) == row["intervals"]["n"]
 
     index = (out / "index.html").read_text()
     for row in comparison["runs"]:
