@@ -132,14 +132,22 @@ class Stage:
 
 
 def _quiet_batch() -> None:
-    """Plain-text progress bars under `labkit run` (widgets do not survive in archived notebooks), and no
-    library-internal deprecation noise a user cannot act on."""
+    """Plain-text progress bars under `labkit run` (widgets do not survive in archived notebooks), written to stdout
+    (stderr renders as an error-coloured block in an archived notebook), and no library-internal deprecation noise a
+    user cannot act on."""
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     if os.environ.get("LABKIT_BATCH") == "1":
+        import sys
+
         import tqdm.auto
         import tqdm.std
 
-        tqdm.auto.tqdm = tqdm.std.tqdm  # before transformers/datasets import it
+        class StdoutTqdm(tqdm.std.tqdm):  # type: ignore[misc]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("file", sys.stdout)
+                super().__init__(*args, **kwargs)
+
+        tqdm.auto.tqdm = StdoutTqdm  # before transformers/datasets import it
 
 
 # the libraries whose log records (weights loading, dropped examples, bitsandbytes' kernel notice) go to the run's log

@@ -154,7 +154,8 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
 
     The rows the trainer batches (packed rows when train.packing) are shuffled as one epoch would be, cut into
     micro-batches padded to their longest row, and each micro-batch costs the measured step time at that length
-    (a line through the measurements at two lengths). Validation-loss passes (every train.eval_steps steps, as
+    (a line through the measurements at two lengths); the first step costs what the measured first step took more
+    than the second (the optimiser states are allocated). Validation-loss passes (every train.eval_steps steps, as
     stage 04 schedules them) cost a forward pass, a third of a training micro-batch at the same length.
 
     Args:
@@ -175,13 +176,15 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     micro_per_epoch = math.ceil(len(rows) / t.micro_batch)
     per_epoch = max(1, math.ceil(micro_per_epoch / t.grad_accum))
     steps = t.max_steps or math.ceil(per_epoch * (t.epochs or 1))
+    # an epoch's last optimiser step takes the micro-batches that are left
+    micro_total = steps * t.grad_accum if t.max_steps else math.ceil(micro_per_epoch * (t.epochs or 1))
     rng = random.Random(t.seed)
     seconds, micro_done = 0.0, 0
-    while micro_done < steps * t.grad_accum:
+    while micro_done < micro_total:
         order = rows[:]
         rng.shuffle(order)
         for i in range(0, len(order), t.micro_batch):
-            if micro_done >= steps * t.grad_accum:
+            if micro_done >= micro_total:
                 break
             seconds += per_micro(max(order[i:i + t.micro_batch]))
             micro_done += 1
@@ -192,7 +195,9 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     batch = card.eval.batch_size
     one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
                    for i in range(0, len(ordered), batch))
-    total = seconds + evaluations * one_pass
+    first = next((m["step_seconds"] for m in measured if len(m.get("step_seconds") or []) > 1), None)
+    warmup = max(0.0, first[0] - first[-1]) if first else 0.0  # the first step allocates the optimiser states
+    total = seconds + warmup + evaluations * one_pass
     hours = total / 3600
     return {"steps": steps, "rows_per_epoch": len(rows), "examples_per_step": len(train_lengths) / per_epoch,
             "seconds_per_step": seconds / steps, "train_seconds": total, "evaluations": evaluations,
