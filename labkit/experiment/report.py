@@ -48,10 +48,15 @@ def _cell(value: Any) -> str:
 def _titled(body: str, run_id: str, variant: str, stem: str, experiment: str) -> str:
     """A rendered notebook titled by its run and linked back to the experiment's index."""
     title = f"{variant} · {run_id} · {stem}"
+    # the report is self-contained and opens offline: no require.js or MathJax from a CDN (the pages need neither)
+    body = re.sub(r'<script[^>]*\bsrc="https?://[^"]*"[^>]*>\s*</script>', "", body)
     body = re.sub(r"<title>.*?</title>", f"<title>{html.escape(title)}</title>", body, count=1, flags=re.S)
     back = (f'<p style="font-family:system-ui,sans-serif;margin:1em"><a href="../../index.html#{html.escape(run_id)}">'
             f"← experiment {html.escape(experiment)}</a> · run <code>{html.escape(run_id)}</code> ({html.escape(variant)})"
             f" · {html.escape(stem)}</p>")
+    # a wide DataFrame scrolls inside the page instead of widening it
+    style = "<style>.jp-RenderedHTMLCommon table{display:block;max-width:100%;overflow-x:auto}</style>"
+    body = body.replace("</head>", style + "</head>", 1)
     return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + back, body, count=1)
 
 

@@ -23,8 +23,15 @@ def fmt_interval(leaf: dict[str, Any] | None, signed: bool = False) -> str:
 
 def fmt_change(key: str, change: dict[str, Any]) -> str:
     """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative)."""
+    def clean(value: Any) -> Any:  # unset keys (None) of a list of sections are noise in a one-line diff
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return value
+
     def show(value: Any) -> str:
-        return "—" if value is None else str(value)
+        return "—" if value is None else str(clean(value))
     return f"{key}: {show(change.get('old'))} → {show(change.get('new'))}"
 
 

@@ -101,8 +101,10 @@ def test_label_experiment_report_in_a_headless_browser(tmp_path: Path, repo: Pat
     assert "method.r: 4 → 8" in index and "Run against run" in index
 
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS + [f"--user-data-dir={tmp_path / 'profile'}"])
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        browser = p.chromium.launch_persistent_context(  # a fresh profile folder: the --user-data-dir of the run
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), args=ARGS, headless=True,
+            viewport={"width": 1280, "height": 900})
+        page = browser.new_page()
         errors: list[str] = []
         page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
         page.on("pageerror", lambda exc: errors.append(str(exc)))
