@@ -42,7 +42,7 @@ def _cell(value: Any) -> str:
         return f"{value:.3f}"
     if isinstance(value, bool):
         return "✔" if value else "✘"
-    return html.escape(str(value))
+    return "<br>".join(html.escape(part) for part in str(value).split("; "))  # one changed key, one flag a line
 
 
 def _titled(body: str, run_id: str, variant: str, stem: str, experiment: str) -> str:
@@ -184,7 +184,7 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:fixed}
+table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:auto}
 td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#f3f3f3}.bad{color:#a00}.warn{background:#fff4d6;padding:.6em;border:1px solid #e0c060}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{font-size:.9em}"""

@@ -21,8 +21,9 @@ def fmt_interval(leaf: dict[str, Any] | None, signed: bool = False) -> str:
     return f"{format(leaf['value'], spec)} [{format(leaf['low'], spec)}, {format(leaf['high'], spec)}]"
 
 
-def fmt_change(key: str, change: dict[str, Any]) -> str:
-    """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative)."""
+def fmt_change(key: str, change: dict[str, Any], width: int | None = None) -> str:
+    """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative),
+    each value cut at `width` characters when given."""
     def clean(value: Any) -> Any:  # unset keys (None) of a list of sections are noise in a one-line diff
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items() if v is not None}
@@ -31,7 +32,8 @@ def fmt_change(key: str, change: dict[str, Any]) -> str:
         return value
 
     def show(value: Any) -> str:
-        return "—" if value is None else str(clean(value))
+        text = "—" if value is None else str(clean(value))
+        return text if width is None or len(text) <= width else text[: width - 1] + "…"
     return f"{key}: {show(change.get('old'))} → {show(change.get('new'))}"
 
 
@@ -48,7 +50,7 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for row in comparison["runs"]:
         metrics = row.get("run_metrics") or {}
-        flat: dict[str, Any] = {"run": f"{row['variant']} · {row['run_id']}", "status": row["status"]}
+        flat: dict[str, Any] = {"run": row["run_id"], "status": row["status"]}  # the run id starts with the variant
         if "intervals" in row:
             primary = row["primary_metric"]
             against = row.get("against", "baseline")
@@ -73,7 +75,7 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
                 "verdict": ("CONFIRMED" if row["confirmed"] else row["verdict"].split(":")[0])
                 + ("" if row["comparable"] else " · NOT COMPARABLE: " + ", ".join(row["protocol_changes"])),
                 "wins/losses/ties": "{wins}/{losses}/{ties}".format(**pairs) if pairs and pairs.get("key") else "—",
-                "changed vs parent": "; ".join(fmt_change(k, v) for k, v in (row.get("changed") or {}).items()) or "—",
+                "changed vs parent": "; ".join(fmt_change(k, v, 40) for k, v in (row.get("changed") or {}).items()) or "—",
                 "flags": "; ".join(((concentration or {}).get("flags") or []) +
                                    [f"guardrail failed: {g}" for g in row["guardrails_failed"]]) or "—",
             })
