@@ -280,7 +280,10 @@ def render(info: dict[str, Any]) -> str:
         text = "; ".join(f"{r['metric']}: {r['why']}" for r in rows) or "none"
         lines.append(f"- failing guardrails ({split}): {text}")
     for split, primary in limits["primary_not_met"].items():
-        lines.append(f"- primary metric not met ({split}): {primary['metric']} gain {primary['gain']:+.3f} < {primary['min_improvement']}")
+        gain = primary.get("gain")
+        why = primary.get("why") or (f"{primary['metric']} gain {gain:+.3f} < {primary['min_improvement']}"
+                                     if gain is not None else primary["metric"])
+        lines.append(f"- primary metric not met ({split}): {why}")
     trunc = limits["truncation"]
     rates = ", ".join(f"{s} {v.get('truncated_rate', 0):.1%} (max {v.get('max')} tokens)" for s, v in trunc["per_split"].items())
     lines.append(f"- truncation at max_length {trunc['max_length']}: {rates or 'not recorded'}"
