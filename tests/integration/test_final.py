@@ -48,7 +48,7 @@ def _jsonl(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def opened(copy_run):
-    """A copied run whose test split was opened once through `python -m labkit.experiment.final RUN --runs DIR`."""
+    """A copied run whose test split was opened once through `labkit --runs DIR final RUN`."""
     run = copy_run("opened")
     assert cli_main(["--runs", str(run.root), "final", run.run_id]) == 0
     return run
