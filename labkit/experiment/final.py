@@ -34,6 +34,7 @@ from labkit.errors import (
     UsageError,
 )
 from labkit.evaluate.procedure import evaluate_rows
+from labkit.evaluate.run_metrics import run_metrics
 from labkit.evaluate.verdict import verdict as judge
 from labkit.stages.comparison import load_tuned
 from labkit.stages.context import Stage
@@ -255,6 +256,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
             raise DataError(f"{exc} (this attempt is recorded as opening {number}: once fixed, open it with --reopen "
                             "--why \"...\")") from None
         raise
+    tuned_metrics["run"] = run_metrics(run.dir, loaded.card.budget.price_per_gpu_hour)  # as stage 05 has them
     decision = judge(loaded.card, base_metrics, tuned_metrics)
     opening = {"experiment": run.experiment, "run_id": run.run_id, "who": who, "when": opened["time"],
                "reopen": opened["reopen"], "why": why, "opening": number, "test_rows": len(rows),
