@@ -28,8 +28,13 @@ OPTIMIZERS = {
 class Model(Strict):
     source: str = Field(description="pypi:<pkg>==<ver>#<file.gguf> | hf:<repo>@<revision> | tiny:<name> | a local path")
     revision: str | None = Field(default=None, description="expected revision; the run fails if the source differs")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="weights' dtype; auto: bfloat16 where the GPU runs it natively, float16 on other GPUs "
+        "for lora/qlora (frozen base), float32 for full fine-tuning there and on the CPU (labkit.model.placement)")
     trust_remote_code: bool = False
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        default="auto", description="auto: sdpa; with train.packing on a GPU, flash_attention_2 (padding-free) where "
+        "flash-attn is installed and the GPU supports it, else flex_attention (document mask built on the GPU)")
 
 
 class Full(Strict):
@@ -60,7 +65,8 @@ class Lora(Strict):
 class Quantisation(Strict):
     type: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="dtype of the 4-bit layers' matmuls; auto: bfloat16 where native, else float16")
 
 
 class Qlora(Lora):
@@ -209,6 +215,14 @@ class Card(Strict):
         if t.loss_normalisation != "tokens":
             raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
                              "normalises its own loss); remove it from this card")
+        return self
+
+    @model_validator(mode="after")
+    def _fp16_full(self) -> "Card":
+        if self.method.kind == "full" and self.model.dtype == "float16" and self.train.precision == "fp16":
+            raise ValueError("train.precision: fp16 with model.dtype: float16 and method full trains float16 weights "
+                             "under a loss scaler, which refuses them (\"Attempting to unscale FP16 gradients\"); set "
+                             "model.dtype: float32 (fp16 autocast keeps float32 master weights) or auto")
         return self
 
     @model_validator(mode="after")

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from labkit.card.schema import OPTIMIZERS, Card
+from labkit.core.device import DeviceProfile
 from labkit.model.loading import pick_dtype
 from labkit.model.method import apply_method
+from labkit.model.placement import decide
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
 # card checks start fast
@@ -53,6 +55,13 @@ class Shape:
     @property
     def kv(self) -> int:
         return self.kv_heads * self.head_dim
+
+
+def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
+    """The dtype name the card's weights load in on `device` (a device string of this machine, or a profile)."""
+    if isinstance(device, DeviceProfile):
+        return decide(card, device, world_size=1, kernels={}).weight_dtype
+    return str(pick_dtype(card, device)).replace("torch.", "")
 
 
 def shape_of(config: Any) -> Shape:
@@ -202,7 +211,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     ckpt = card.train.gradient_checkpointing if checkpointing is None else checkpointing
     optim = optimizer or card.train.optimizer
     shape = shape_of(config)
-    dtype = str(pick_dtype(card.model.dtype, device)).replace("torch.", "")
+    dtype = weight_dtype(card, device)
+    kind = device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
     act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
     params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
@@ -215,7 +225,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
-    if card.train.trainer == "sft" and device != "cuda":
+    if card.train.trainer == "sft" and kind != "cuda":
         # labkit's head (CPU): logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
         logits = math.ceil(n * min(max(loss_fraction, 0.0), 1.0)) * shape.vocab
         copy = 0 if act_bytes == 4 else 4 * logits
@@ -223,7 +233,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
     else:  # TRL's chunked fused head: tile-sized buffers, never the logits
         tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
-        fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
+        fwd_tiles, bwd_tiles = TILES["triton" if kind == "cuda" else "torch"]
         head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile
     head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
     grads = params["trainable_bytes"]
@@ -251,7 +261,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
     alternatives["activations, no checkpointing"] = saved_plain + head_saved
     alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
-    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": device,
+    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
             "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
@@ -275,7 +285,7 @@ def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = 
     """
     shape = shape_of(config)
     b = card.eval.batch_size
-    nbytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    nbytes = _BYTES[weight_dtype(card, device)]
     total = prompt_len + card.eval.max_new_tokens
     kv_cache = 2 * shape.layers * shape.kv * total * b * nbytes
     logits = b * shape.vocab * 4 * 2  # last-position logits and their fp32 processing copy
@@ -295,7 +305,7 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
     Returns:
         {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
     """
-    dtype_bytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    dtype_bytes = _BYTES[weight_dtype(card, device)]
     params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
     est = estimate_step(config, card, seq_len, device=device, params=params, loss_fraction=loss_fraction)
     if est["peak_bytes"] <= free_bytes:

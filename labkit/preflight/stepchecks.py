@@ -179,7 +179,7 @@ def _grad_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
 
 
 def _tolerance(device: str, card: Card) -> float:
-    return 1e-4 if str(pick_dtype(card.model.dtype, device)) == "torch.float32" else 2e-2
+    return 1e-4 if str(pick_dtype(card, device)) == "torch.float32" else 2e-2
 
 
 def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
