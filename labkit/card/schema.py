@@ -67,6 +67,9 @@ class Quantisation(Strict):
     double_quant: bool = True
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="dtype of the 4-bit layers' matmuls; auto: bfloat16 where native, else float16")
+    unquantised_baseline: bool = Field(
+        default=False, description="stage 01 (and the final test) evaluate the base model unquantised; default: loaded "
+        "as training loads it (4-bit), so the baseline measures the numeric model that is trained (recorded either way)")
 
 
 class Qlora(Lora):

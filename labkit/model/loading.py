@@ -91,6 +91,28 @@ def quantization_config(card: Card, device: str | None = None) -> Any:
         bnb_4bit_compute_dtype=getattr(torch, made.compute_dtype), **storage)
 
 
+def baseline_quantize(card: Card) -> bool:
+    """Whether the baseline loads the base model 4-bit: as training does, unless the card asks for it unquantised."""
+    return card.method.kind == "qlora" and not card.method.quantisation.unquantised_baseline
+
+
+def baseline_numerics(card: Card, device: str | DeviceProfile) -> dict[str, Any]:
+    """What makes the baseline's numbers those of one numeric model: device type, weights' dtype, quantisation.
+
+    Args:
+        card: the card.
+        device: this machine's device ("cuda", "cpu"), or a device profile.
+    Returns:
+        {"device", "dtype", "attention", "quantisation": {"type", "double_quant", "compute_dtype"} | None}.
+    """
+    made = decide(card, device, world_size=1, kernels={}) if isinstance(device, DeviceProfile) else decisions(card, device)
+    quantised = baseline_quantize(card)
+    q = card.method.quantisation if quantised else None
+    return {"device": made.device, "dtype": made.weight_dtype, "attention": made.attention,
+            "quantisation": None if q is None else {"type": q.type, "double_quant": q.double_quant,
+                                                    "compute_dtype": made.compute_dtype}}
+
+
 def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, quantize: bool = True) -> Any:
     """Load the base model for causal LM, quantised when the card's method is qlora.
 

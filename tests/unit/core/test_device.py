@@ -19,3 +19,15 @@ def test_rocm_uses_the_cuda_device_namespace() -> None:
     p = DeviceProfile(type="rocm", name="AMD Instinct MI300X", arch="gfx942:sramecc+:xnack-", memory_gib=192.0)
     assert p.device == "cuda" and p.is_gpu and p.native_bf16
     assert p.describe() == "1 × AMD Instinct MI300X (rocm, gfx942:sramecc+:xnack-, 192 GiB each)"
+
+
+def test_env_json_records_the_profile_and_the_distributed_backend(monkeypatch) -> None:
+    from labkit.core.environment import capture as environment
+
+    env = environment()
+    acc = env["accelerators"]
+    assert acc["type"] == "cpu" and acc["native_bf16"] is False and "nccl" in acc
+    assert env["distributed"] == {"world_size": 1, "backend": None, "initialized": False, "local_rank": None}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert environment()["distributed"] == {"world_size": 2, "backend": "gloo", "initialized": False, "local_rank": 1}

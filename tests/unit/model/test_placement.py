@@ -159,3 +159,17 @@ def test_packing_tolerance_by_dtype(name, tolerance) -> None:
     p = cpu_profile() if name == "cpu" else profile(name)
     assert decide(card("lora", train__packing=True), p, world_size=1, kernels=NONE).packing_tolerance == tolerance
     assert PACK_TOLERANCE["float32"] < PACK_TOLERANCE["float16"] < PACK_TOLERANCE["bfloat16"]
+
+
+def test_baseline_numerics_differ_across_device_dtype_and_quantisation() -> None:
+    from labkit.model.loading import baseline_numerics, baseline_quantize
+
+    qlora = card("qlora")
+    cpu, t4, a100 = (baseline_numerics(qlora, p) for p in (cpu_profile(), profile("t4"), profile("a100")))
+    assert (cpu["device"], cpu["dtype"]) == ("cpu", "float32") and (t4["device"], t4["dtype"]) == ("cuda", "float16")
+    assert t4["quantisation"] == {"type": "nf4", "double_quant": True, "compute_dtype": "float16"}
+    assert a100["quantisation"]["compute_dtype"] == "bfloat16" and len({str(cpu), str(t4), str(a100)}) == 3
+    assert baseline_quantize(qlora)  # the baseline is the numeric model that is trained
+    qlora.method.quantisation.unquantised_baseline = True
+    assert not baseline_quantize(qlora) and baseline_numerics(qlora, profile("t4"))["quantisation"] is None
+    assert baseline_numerics(card("lora"), profile("t4"))["quantisation"] is None
