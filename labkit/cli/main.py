@@ -52,6 +52,19 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=commands.cmd_plan)
 
 
+def _add_estimate(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("estimate", help="a card's training-step memory and fit verdict on a GPU of a given "
+                            "memory, before renting it (offline, no weights)")
+    add = parser.add_argument
+    add("card", help="the experiment card (params/*.yaml)")
+    add("--gpu-memory", type=float, required=True, metavar="GIB", help="the GPU's memory in GiB (16 for a T4)")
+    add("--capability", default="8.0", help="CUDA compute capability: 7.5 T4, 8.0 A100, 9.0 H100 (default 8.0)")
+    add("--seq-len", type=int, help="tokens per row (default: the card's data.max_length)")
+    add("--config", help="the model's config.json (default: configs/<org>--<name>.json next to the card, the hub "
+                         "cache, or the local model folder)")
+    parser.set_defaults(func=commands.cmd_estimate)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `labkit` command.
 
@@ -89,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_final(sub)
     _add_export(sub)
     _add_plan(sub)
+    _add_estimate(sub)
     return parser
 
 

@@ -294,36 +294,9 @@ def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = 
             "prefill_bytes": prefill, "peak_bytes": (weights_bytes or 0) + kv_cache + logits + prefill}
 
 
-def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str = "cpu",
-                loss_fraction: float = 1.0) -> dict[str, Any]:
-    """Does a step fit in `free_bytes`? If not, the largest micro-batch that does, with and without checkpointing.
+def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str | DeviceProfile = "cpu",
+                loss_fraction: float = 1.0, free_is_total: bool = False) -> dict[str, Any]:
+    """Does a step fit in `free_bytes`? `labkit.preflight.sizing.fit_verdict` (with the GPU's margins)."""
+    from labkit.preflight.sizing import fit_verdict as verdict
 
-    Args:
-        config, card, seq_len, device, loss_fraction: as for `estimate_step`.
-        free_bytes: memory available to the step and the weights.
-
-    Returns:
-        {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
-    """
-    dtype_bytes = _BYTES[weight_dtype(card, device)]
-    params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
-    est = estimate_step(config, card, seq_len, device=device, params=params, loss_fraction=loss_fraction)
-    if est["peak_bytes"] <= free_bytes:
-        spare = free_bytes - est["peak_bytes"]
-        return {"fits": True, "spare_bytes": spare, "options": [],
-                "message": f"fits with {spare / GIB:.2f} GiB spare at micro-batch {est['micro_batch']}, {seq_len} tokens"}
-    options = []
-    for ckpt in (False, True):
-        for mb in range(est["micro_batch"], 0, -1):
-            peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
-                                 params=params, loss_fraction=loss_fraction)["peak_bytes"]
-            if peak <= free_bytes:
-                options.append({"micro_batch": mb, "checkpointing": ckpt, "peak_bytes": peak})
-                break
-    if options:
-        best = options[0]
-        message = (f"needs micro-batch {best['micro_batch']}" + (" with activation checkpointing" if best["checkpointing"] else "")
-                   + f" (× grad_accum {math.ceil(est['micro_batch'] / best['micro_batch']) * card.train.grad_accum} to keep the batch)")
-    else:
-        message = "does not fit even at micro-batch 1 with checkpointing: use qlora, a shorter max_length or a larger device"
-    return {"fits": False, "spare_bytes": free_bytes - est["peak_bytes"], "options": options, "message": message}
+    return verdict(config, card, seq_len, free_bytes, device, loss_fraction, free_is_total)
