@@ -15,8 +15,15 @@ from labkit.card.load import load_card
 from labkit.core.device import cpu_profile, load_profile
 from labkit.errors import ModelSourceError
 from labkit.preflight.memory import GIB, estimate_step
-from labkit.preflight.sizing import (CUDA_CONTEXT_GIB, FRAGMENTATION, NCCL_GIB, estimate_config, fit_verdict,
-                                     largest_micro_batch, overheads)
+from labkit.preflight.sizing import (
+    CUDA_CONTEXT_GIB,
+    FRAGMENTATION,
+    NCCL_GIB,
+    estimate_config,
+    fit_verdict,
+    largest_micro_batch,
+    overheads,
+)
 
 T4 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "t4.json")
 EXAMPLE = REPO / "params" / "examples" / "llama3-8b-qlora.yaml"
