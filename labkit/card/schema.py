@@ -67,6 +67,10 @@ class Quantisation(Strict):
     double_quant: bool = True
     compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="dtype of the 4-bit layers' matmuls; auto: bfloat16 where native, else float16")
+    upcast: Literal["all", "norms"] = Field(
+        default="all", description="k-bit preparation: all = PEFT's prepare_model_for_kbit_training (embeddings, LM "
+        "head and norms to float32); norms = only the norms, embeddings and LM head stay in the weights' dtype (saves "
+        "2 bytes per parameter of them, ~2 GiB for Llama 3 8B; stage 03 shows both)")
     unquantised_baseline: bool = Field(
         default=False, description="stage 01 (and the final test) evaluate the base model unquantised; default: loaded "
         "as training loads it (4-bit), so the baseline measures the numeric model that is trained (recorded either way)")

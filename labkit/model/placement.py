@@ -172,3 +172,23 @@ def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
     return Decisions(device=profile.device, weight_dtype=weights, precision=precision, loss_scaler=precision == "fp16",
                      compute_dtype=compute, attention=attention, packing=packing, packing_tolerance=tolerance,
                      gpus_visible=gpus, gpus_used=used, notes=notes)
+
+
+def prepare_kbit(model: Any, card: Card) -> Any:
+    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
+
+    all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
+    included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
+    keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
+    hook is needed).
+    """
+    import torch
+    from peft import prepare_model_for_kbit_training
+
+    if card.method.quantisation.upcast == "all":
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+    for name, param in model.named_parameters():
+        param.requires_grad_(False)
+        if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.to(torch.float32)
+    return model

@@ -113,7 +113,7 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
     q = getattr(card.method, "quantisation", None)
-    frozen = quant = trainable = trainable_bytes = 0
+    frozen_all = frozen_norms = quant = trainable = trainable_bytes = 0
     adapted: set[str] = set()
     norms_trainable = head_trainable = False
     for name, param in model.named_parameters():
@@ -136,8 +136,13 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
             # 4-bit codes (2 per byte) + one absmax per 64 values (uint8 + fp32 per 256 blocks when double-quantised)
             quant += n // 2 + (n // 64 + 4 * math.ceil(n / 64 / 256) if q.double_quant else 4 * (n // 64))
         else:
-            frozen += param.numel() * (4 if card.method.kind == "qlora" else dtype_bytes)  # kbit prep upcasts the rest
-    return {"frozen_bytes": frozen, "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
+            # k-bit preparation upcasts to float32: everything (upcast all, PEFT's) or the norms only (upcast norms)
+            qlora = card.method.kind == "qlora"
+            frozen_all += param.numel() * (4 if qlora else dtype_bytes)
+            frozen_norms += param.numel() * (4 if qlora and "norm" in short else dtype_bytes)
+    frozen = frozen_norms if q is not None and q.upcast == "norms" else frozen_all
+    return {"frozen_bytes": frozen, "frozen_bytes_upcast": {"all": frozen_all, "norms": frozen_norms},
+            "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
             "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable}
 
 
@@ -259,6 +264,9 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         "activations": activations, "loss head buffers": max(head_fwd, head_bwd),
     }
     alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
+    if card.method.kind == "qlora":  # what method.quantisation.upcast costs: all (PEFT's) vs norms only
+        for name, value in params["frozen_bytes_upcast"].items():
+            alternatives[f"weights (frozen), method.quantisation.upcast: {name}"] = value
     alternatives["activations, no checkpointing"] = saved_plain + head_saved
     alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
     return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,

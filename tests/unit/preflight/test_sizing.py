@@ -90,3 +90,26 @@ def test_labkit_estimate_on_an_8b_qlora_card_offline() -> None:
                            capture_output=True, text=True, cwd=REPO, timeout=300)
     assert small.returncode == 1 and "verdict: does not fit" in small.stdout
     assert "largest micro-batch that fits: none without activation checkpointing, none with it" in small.stdout
+
+
+def test_kbit_upcast_key_and_its_memory(eight_b, tiny_model) -> None:
+    import torch
+
+    from labkit.model.loading import load_model
+    from labkit.model.method import apply_method
+
+    card, config = eight_b
+    est = estimate_step(config, card, 256, device=T4)
+    both = {k: v for k, v in est["alternatives"].items() if "upcast" in k}
+    saved = both["weights (frozen), method.quantisation.upcast: all"] - both["weights (frozen), method.quantisation.upcast: norms"]
+    assert 1.9 * GIB < saved < 2.0 * GIB  # embeddings + LM head of Llama 3 8B: 2 × 128256 × 4096 × 2 bytes
+    card.method.quantisation.upcast = "norms"
+    assert estimate_step(config, card, 256, device=T4)["breakdown"]["weights (frozen)"] == both[
+        "weights (frozen), method.quantisation.upcast: norms"]
+    # on a real (tiny) 4-bit model: norms only in float32, the embeddings stay in the loaded dtype
+    tiny = load_card(REPO / "params" / "smoke.yaml").card
+    tiny.method = type(card.method).model_validate({**card.method.model_dump(), "r": 4})
+    tiny.model.dtype = "bfloat16"
+    dtypes = {n: p.dtype for n, p in apply_method(load_model(tiny_model, tiny, "cpu"), tiny).named_parameters()}
+    assert dtypes["base_model.model.model.embed_tokens.weight"] == torch.bfloat16
+    assert dtypes["base_model.model.model.norm.weight"] == torch.float32
