@@ -131,7 +131,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """`labkit plan CARD --days D …`: the rental plan from measured timings."""
     make_plan(args.card, args.days, args.price_per_hour, Path(args.runs) if getattr(args, "runs", None) else None,
               speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
-              max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation)
+              max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation,
+              grid=getattr(args, "grid", None), spread=getattr(args, "spread", None),
+              setup_hours=getattr(args, "setup_hours", 1.0))
     return 0
 
 

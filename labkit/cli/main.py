@@ -49,6 +49,9 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     add("--max-loss-minutes", type=float, default=15.0, help="most work an interruption may lose (default 15)")
     add("--max-loss-fraction", type=float, default=0.01, help="… and as a fraction of the rental (default 0.01)")
     add("--continuation", type=float, default=2.0, help="continuation run, in units of the card's steps (default 2)")
+    add("--grid", nargs="+", help="plan a campaign over these variant cards (files or a folder of *.yaml)")
+    add("--spread", type=float, help="campaign: the range of gains the variants may span (default 2 × min_improvement)")
+    add("--setup-hours", type=float, default=1.0, help="campaign: machine set-up, assumed (default 1)")
     parser.set_defaults(func=commands.cmd_plan)
 
 
