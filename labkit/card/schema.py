@@ -163,9 +163,16 @@ class Eval(Strict):
 class Distributed(Strict):
     launcher: Literal["none", "accelerate"] = Field(
         default="none", description="none: stage 04 trains in its own kernel; accelerate: `accelerate launch` runs the training")
-    strategy: Literal["none", "ddp", "fsdp"] = Field(
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = Field(
         default="none", description="ddp replicates the model on every process; fsdp shards weights, gradients and "
-        "optimiser states across them")
+        "optimiser states across them; deepspeed: ZeRO (zero_stage) through accelerate (pip install 'labkit[deepspeed]')")
+    zero_stage: Literal[2, 3] = Field(default=2, description="deepspeed: 2 shards gradients and optimiser states, 3 "
+                                      "the weights too")
+    offload: Literal["none", "cpu"] = Field(default="none", description="deepspeed: optimiser states (and with "
+                                            "zero_stage 3 the weights) in CPU memory")
+    fsdp_state_dict: Literal["full", "sharded"] = Field(
+        default="full", description="fsdp: full = the adapter / model gathered from every rank and written once by "
+        "rank 0 (loadable as is); sharded = each rank writes its shard (faster, needs accelerate merge-weights)")
     num_processes: int = Field(default=1, ge=1, description="processes in all (GPUs, or CPU processes with gloo)")
     num_machines: int = Field(default=1, ge=1)
     machine_rank: int = Field(default=0, ge=0)
@@ -178,6 +185,8 @@ class Distributed(Strict):
             raise ValueError("launcher accelerate goes with strategy ddp or fsdp; launcher none with strategy none")
         if self.launcher == "none" and self.num_processes != 1:
             raise ValueError("num_processes > 1 needs launcher: accelerate")
+        if self.strategy != "deepspeed" and (self.zero_stage != 2 or self.offload != "none"):
+            raise ValueError("zero_stage and offload are deepspeed keys: remove them, or set strategy: deepspeed")
         if self.num_machines > 1 and not self.main_process_ip:
             raise ValueError("num_machines > 1 needs main_process_ip (and main_process_port)")
         return self
