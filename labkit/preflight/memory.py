@@ -300,11 +300,3 @@ def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = 
     prefill = b * prompt_len * (2 * shape.hidden + 2 * shape.intermediate) * nbytes  # one layer's transient at a time
     return {"eval_batch": b, "tokens": total, "kv_cache_bytes": kv_cache, "logits_bytes": logits,
             "prefill_bytes": prefill, "peak_bytes": (weights_bytes or 0) + kv_cache + logits + prefill}
-
-
-def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str | DeviceProfile = "cpu",
-                loss_fraction: float = 1.0, free_is_total: bool = False) -> dict[str, Any]:
-    """Does a step fit in `free_bytes`? `labkit.preflight.sizing.fit_verdict` (with the GPU's margins)."""
-    from labkit.preflight.sizing import fit_verdict as verdict
-
-    return verdict(config, card, seq_len, free_bytes, device, loss_fraction, free_is_total)
