@@ -28,8 +28,13 @@ OPTIMIZERS = {
 class Model(Strict):
     source: str = Field(description="pypi:<pkg>==<ver>#<file.gguf> | hf:<repo>@<revision> | tiny:<name> | a local path")
     revision: str | None = Field(default=None, description="expected revision; the run fails if the source differs")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto", description="weights' dtype; auto: bfloat16 where the GPU runs it natively, float16 on other GPUs "
+        "for lora/qlora (frozen base), float32 for full fine-tuning there and on the CPU (labkit.model.placement)")
     trust_remote_code: bool = False
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        default="auto", description="auto: sdpa; with train.packing on a GPU, flash_attention_2 (padding-free) where "
+        "flash-attn is installed and the GPU supports it, else flex_attention (document mask built on the GPU)")
 
 
 class Full(Strict):
@@ -60,7 +65,15 @@ class Lora(Strict):
 class Quantisation(Strict):
     type: Literal["nf4", "fp4"] = "nf4"
     double_quant: bool = True
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    compute_dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto", description="dtype of the 4-bit layers' matmuls; auto: bfloat16 where native, else float16")
+    upcast: Literal["all", "norms"] = Field(
+        default="all", description="k-bit preparation: all = PEFT's prepare_model_for_kbit_training (embeddings, LM "
+        "head and norms to float32); norms = only the norms, embeddings and LM head stay in the weights' dtype (saves "
+        "2 bytes per parameter of them, ~2 GiB for Llama 3 8B; stage 03 shows both)")
+    unquantised_baseline: bool = Field(
+        default=False, description="stage 01 (and the final test) evaluate the base model unquantised; default: loaded "
+        "as training loads it (4-bit), so the baseline measures the numeric model that is trained (recorded either way)")
 
 
 class Qlora(Lora):
@@ -152,9 +165,16 @@ class Eval(Strict):
 class Distributed(Strict):
     launcher: Literal["none", "accelerate"] = Field(
         default="none", description="none: stage 04 trains in its own kernel; accelerate: `accelerate launch` runs the training")
-    strategy: Literal["none", "ddp", "fsdp"] = Field(
+    strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = Field(
         default="none", description="ddp replicates the model on every process; fsdp shards weights, gradients and "
-        "optimiser states across them")
+        "optimiser states across them; deepspeed: ZeRO (zero_stage) through accelerate (pip install 'labkit[deepspeed]')")
+    zero_stage: Literal[2, 3] = Field(default=2, description="deepspeed: 2 shards gradients and optimiser states, 3 "
+                                      "the weights too")
+    offload: Literal["none", "cpu"] = Field(default="none", description="deepspeed: optimiser states (and with "
+                                            "zero_stage 3 the weights) in CPU memory")
+    fsdp_state_dict: Literal["full", "sharded"] = Field(
+        default="full", description="fsdp: full = the adapter / model gathered from every rank and written once by "
+        "rank 0 (loadable as is); sharded = each rank writes its shard (faster, needs accelerate merge-weights)")
     num_processes: int = Field(default=1, ge=1, description="processes in all (GPUs, or CPU processes with gloo)")
     num_machines: int = Field(default=1, ge=1)
     machine_rank: int = Field(default=0, ge=0)
@@ -167,6 +187,8 @@ class Distributed(Strict):
             raise ValueError("launcher accelerate goes with strategy ddp or fsdp; launcher none with strategy none")
         if self.launcher == "none" and self.num_processes != 1:
             raise ValueError("num_processes > 1 needs launcher: accelerate")
+        if self.strategy != "deepspeed" and (self.zero_stage != 2 or self.offload != "none"):
+            raise ValueError("zero_stage and offload are deepspeed keys: remove them, or set strategy: deepspeed")
         if self.num_machines > 1 and not self.main_process_ip:
             raise ValueError("num_machines > 1 needs main_process_ip (and main_process_port)")
         return self
@@ -211,6 +233,14 @@ class Card(Strict):
         if t.loss_normalisation != "tokens":
             raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
                              "normalises its own loss); remove it from this card")
+        return self
+
+    @model_validator(mode="after")
+    def _fp16_full(self) -> "Card":
+        if self.method.kind == "full" and self.model.dtype == "float16" and self.train.precision == "fp16":
+            raise ValueError("train.precision: fp16 with model.dtype: float16 and method full trains float16 weights "
+                             "under a loss scaler, which refuses them (\"Attempting to unscale FP16 gradients\"); set "
+                             "model.dtype: float32 (fp16 autocast keeps float32 master weights) or auto")
         return self
 
     @model_validator(mode="after")

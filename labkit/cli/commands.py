@@ -133,5 +133,35 @@ def cmd_plan(args: argparse.Namespace) -> int:
     """`labkit plan CARD --days D …`: the rental plan from measured timings."""
     make_plan(args.card, args.days, args.price_per_hour, Path(args.runs) if getattr(args, "runs", None) else None,
               speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
-              max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation)
+              max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation,
+              grid=getattr(args, "grid", None), spread=getattr(args, "spread", None),
+              setup_hours=getattr(args, "setup_hours", 1.0))
     return 0
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """`labkit estimate CARD --gpu-memory GIB`: size a card for a GPU before renting it (offline, no weights)."""
+    from labkit.card.load import load_card
+    from labkit.preflight.memory import GIB
+    from labkit.preflight.sizing import estimate_card
+
+    loaded = load_card(Path(args.card))
+    got = estimate_card(loaded.card, loaded.path, args.gpu_memory, args.capability, args.seq_len, args.config)
+    est, verdict, made = got["estimate"], got["verdict"], got["decisions"]
+    card = loaded.card
+    print(f"card: {args.card} ({card.method.kind}, {card.model.source})")
+    print(f"device: {got['device']}: weights {made['weight_dtype']}, precision {made['precision']}"
+          + (f", 4-bit compute {made['compute_dtype']}" if made["compute_dtype"] else ""))
+    print(f"step at micro-batch {est['micro_batch']}, {got['seq_len']} tokens"
+          + (", activation checkpointing" if est["checkpointing"] else "") + ":")
+    for term, value in est["breakdown"].items():
+        if value:
+            print(f"  {term:<28} {value / GIB:8.2f} GiB")
+    for term, value in verdict["overheads"].items():
+        print(f"  {term:<28} {value / GIB:8.2f} GiB  (margin)")
+    print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {args.gpu_memory:g} GiB")
+    print(f"verdict: {'fits' if verdict['fits'] else 'does not fit'}: {verdict['message']}")
+    largest = got["largest_micro_batch"]
+    print(f"largest micro-batch that fits: {largest['plain'] or 'none'} without activation checkpointing, "
+          f"{largest['checkpointing'] or 'none'} with it")
+    return 0 if verdict["fits"] else 1

@@ -49,7 +49,23 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
     add("--max-loss-minutes", type=float, default=15.0, help="most work an interruption may lose (default 15)")
     add("--max-loss-fraction", type=float, default=0.01, help="… and as a fraction of the rental (default 0.01)")
     add("--continuation", type=float, default=2.0, help="continuation run, in units of the card's steps (default 2)")
+    add("--grid", nargs="+", help="plan a campaign over these variant cards (files or a folder of *.yaml)")
+    add("--spread", type=float, help="campaign: the range of gains the variants may span (default 2 × min_improvement)")
+    add("--setup-hours", type=float, default=1.0, help="campaign: machine set-up, assumed (default 1)")
     parser.set_defaults(func=commands.cmd_plan)
+
+
+def _add_estimate(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("estimate", help="a card's training-step memory and fit verdict on a GPU of a given "
+                            "memory, before renting it (offline, no weights)")
+    add = parser.add_argument
+    add("card", help="the experiment card (params/*.yaml)")
+    add("--gpu-memory", type=float, required=True, metavar="GIB", help="the GPU's memory in GiB (16 for a T4)")
+    add("--capability", default="8.0", help="CUDA compute capability: 7.5 T4, 8.0 A100, 9.0 H100 (default 8.0)")
+    add("--seq-len", type=int, help="tokens per row (default: the card's data.max_length)")
+    add("--config", help="the model's config.json (default: configs/<org>--<name>.json next to the card, the hub "
+                         "cache, or the local model folder)")
+    parser.set_defaults(func=commands.cmd_estimate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_final(sub)
     _add_export(sub)
     _add_plan(sub)
+    _add_estimate(sub)
     return parser
 
 

@@ -14,6 +14,8 @@ from typing import Any
 import psutil
 
 import labkit
+from labkit.core.device import capture as device_capture
+from labkit.core.device import gpu_driver
 
 # torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
 # start fast
@@ -22,7 +24,8 @@ SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets", "tokenizers",
             "papermill", "pydantic", "gguf", "numpy")
 ENV_KEEP = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HF_HUB_OFFLINE",
-            "TRANSFORMERS_OFFLINE", "LABKIT_CACHE", "LABKIT_RUNS", "WORLD_SIZE", "LOCAL_RANK")
+            "TRANSFORMERS_OFFLINE", "LABKIT_CACHE", "LABKIT_RUNS", "WORLD_SIZE", "LOCAL_RANK", "ROCR_VISIBLE_DEVICES",
+            "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
 
 
 def is_secret_name(name: str) -> bool:
@@ -53,22 +56,37 @@ def _git_commit() -> str | None:
 def _accelerators() -> dict[str, Any]:
     import torch
 
+    profile = device_capture()
     info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
                             "hip": getattr(torch.version, "hip", None),
                             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-                            "devices": []}
+                            "type": profile.type, "native_bf16": profile.native_bf16,
+                            "nccl": profile.nccl, "devices": []}  # nccl: RCCL's version on ROCm
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(i)
-            info["devices"].append({"name": props.name, "memory_gib": round(props.total_memory / 2**30, 2),
-                                    "capability": f"{props.major}.{props.minor}"})
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10)
-            info["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
-        except (OSError, subprocess.TimeoutExpired, IndexError):
-            info["driver"] = None
+            uuid = getattr(props, "uuid", None)
+            info["devices"].append({
+                "name": props.name, "memory_gib": round(props.total_memory / 2**30, 2),
+                "capability": f"{props.major}.{props.minor}",
+                "arch": getattr(props, "gcnArchName", None) if profile.type == "rocm" else f"sm_{props.major}{props.minor}",
+                "uuid": str(uuid) if uuid is not None else None, "multiprocessors": props.multi_processor_count})
+        driver = gpu_driver(profile)  # nvidia-smi on CUDA; amd-smi, else rocm-smi, on ROCm
+        info.update(driver=driver["driver"], driver_tool=driver["tool"], mig_mode=driver["mig_mode"], mig=profile.mig)
     return info
+
+
+def _distributed() -> dict[str, Any]:
+    """World size and the process group's backend (the one in use, else the one a launch would use)."""
+    import torch
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return {"world_size": dist.get_world_size(), "backend": str(dist.get_backend()), "initialized": True}
+    planned = None if world == 1 else ("nccl" if torch.cuda.is_available() else "gloo")  # accelerate's defaults
+    return {"world_size": world, "backend": planned, "initialized": False,
+            "local_rank": int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ else None}
 
 
 def capture() -> dict[str, Any]:
@@ -92,6 +110,6 @@ def capture() -> dict[str, Any]:
         "packages": {name: _version(name) for name in PACKAGES},
         "labkit": {"version": labkit.__version__, "git_commit": _git_commit()},
         "environment": {k: os.environ[k] for k in ENV_KEEP if k in os.environ and not is_secret_name(k)},
-        "distributed": {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "backend": None},
+        "distributed": _distributed(),
         "pip_freeze": freeze,
     }

@@ -26,13 +26,27 @@ def batches(lengths: list[int], size: int) -> list[list[int]]:
     return [order[start:start + size] for start in range(0, len(order), size)]
 
 
+def stop_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The token ids generation stops on: the model's generation-config stop list (all of them: Llama 3 Instruct
+    stops on <|eot_id|> as well as <|end_of_text|>) and the tokenizer's EOS.
+
+    Passing `eos_token_id=tokenizer.eos_token_id` alone to `generate` would replace the model's own list.
+    """
+    config = getattr(model, "generation_config", None)
+    listed = getattr(config, "eos_token_id", None)
+    ids = [listed] if isinstance(listed, int) else list(listed or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
 def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
                      desc: str = "generating") -> list[str]:
     """Generate an answer for each row with the card's evaluation procedure.
 
     Prompts are built by `labkit.data.prompting` (as in training), sorted by length and left-padded into
     batches of `eval.batch_size` (`batches`), decoded greedily up to `eval.max_new_tokens`, stopping
-    at EOS; the answers come back in the order of `rows`.
+    at any of the model's stop tokens (`stop_ids`); the answers come back in the order of `rows`.
 
     Args:
         model: a causal LM (plain or PEFT), on its device.
@@ -49,6 +63,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
     answers: list[str] = [""] * len(prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stops = stop_ids(model, tokenizer)
     was_training = model.training
     model.eval()
     with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
@@ -62,7 +77,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
                 attention[row, width - len(ids):] = 1
             out = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=False,
-                max_new_tokens=card.eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad,
+                max_new_tokens=card.eval.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
                 use_cache=True, temperature=None, top_p=None, top_k=None)
             for row, i in enumerate(idx):
                 answers[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()

@@ -36,6 +36,7 @@ from labkit.errors import (
 from labkit.evaluate.procedure import evaluate_rows
 from labkit.evaluate.run_metrics import run_metrics
 from labkit.evaluate.verdict import verdict as judge
+from labkit.model.loading import baseline_quantize
 from labkit.stages.comparison import load_tuned
 from labkit.stages.context import Stage
 
@@ -244,7 +245,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
           f"({who}{', reopened: ' + why if why else ''})")
     try:
         rows = open_test_split(run, stage.tokenizer, loaded.card)
-        base_model = stage.load_model(quantize=False)  # as the baseline stage measures it
+        base_model = stage.load_model(quantize=baseline_quantize(stage.card))  # as the baseline stage measures it
         base_rows, base_metrics = evaluate_rows(base_model, stage.tokenizer, loaded.card, rows, "baseline")
         del base_model
         tuned_model = load_tuned(stage)  # as the comparison stage measures it

@@ -164,6 +164,7 @@ def format_plan(plan: dict[str, Any], timings: dict[str, Any]) -> str:
 
 
 def make_plan(card: str | Path, days: float, price_per_hour: float | None = None, root: Path | None = None,
+              grid: list[str] | None = None, spread: float | None = None, setup_hours: float = 1.0,
               **options: Any) -> dict[str, Any]:
     """Measure, plan, print the table and save the plan as `<root>/<experiment>/_plans/plan-<days>d-<UTC stamp>.json`.
 
@@ -172,6 +173,9 @@ def make_plan(card: str | Path, days: float, price_per_hour: float | None = None
         days: rental length in days.
         price_per_hour: rental price per hour (None: the card's budget.price_per_gpu_hour × its GPUs).
         root: runs root (None: $LABKIT_RUNS or <project>/runs).
+        grid: variant cards (files or folders): plan a campaign over them (`labkit.experiment.campaign`).
+        spread: the range of gains the grid's variants are expected to span (default: 2 × min_improvement).
+        setup_hours: the campaign's assumed machine set-up.
         options: passed to `build_plan` (speedup, margin, max_loss_minutes, max_loss_fraction, continuation_factor).
     Returns:
         the plan, with "timings" and "path" added.
@@ -180,10 +184,35 @@ def make_plan(card: str | Path, days: float, price_per_hour: float | None = None
     root = Path(root).resolve() if root else R.runs_root(loaded.path.parent)
     timings = measured_timings(loaded, root)
     price = timings["card"]["price_per_hour"] if price_per_hour is None else price_per_hour
+    if grid:
+        return _campaign(loaded, root, timings, days, price, grid, spread, setup_hours, options)
     plan = build_plan(timings, days, price, **options)
     print(format_plan(plan, timings))
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = root / timings["experiment"] / "_plans" / f"plan-{days:g}d-{stamp}.json"
+    plan.update(timings=timings, path=str(path), created=io.utc_now())
+    io.write_json(path, plan)
+    print(f"plan saved: {path}")
+    return plan
+
+
+def _campaign(loaded: Any, root: Path, timings: dict[str, Any], days: float, price: float, grid: list[str],
+              spread: float | None, setup_hours: float, options: dict[str, Any]) -> dict[str, Any]:
+    """`labkit plan … --grid`: the campaign over the listed variant cards, printed and saved next to the plans."""
+    from labkit.experiment.campaign import build_campaign, format_campaign, grid_cards, interval_width, variant_of
+
+    card = loaded.card
+    variants = [variant_of(load_card(p).card, timings["card"].get("train_rows"), timings["card"])
+                for p in grid_cards(grid)]
+    width = interval_width(root, card.experiment.id, card.experiment.target.primary_metric)
+    keep = {k: options[k] for k in ("speedup", "margin", "max_loss_minutes", "continuation_factor") if k in options}
+    plan = build_campaign(timings, days, price, variants, width=width[0] if width else None,
+                          spread=spread or 2 * card.experiment.target.min_improvement, setup_hours=setup_hours, **keep)
+    if width:
+        plan["measured"]["interval width"] = f"{width[0]:.3f} ({width[1]})"
+    print(format_campaign(plan))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = root / timings["experiment"] / "_plans" / f"campaign-{days:g}d-{stamp}.json"
     plan.update(timings=timings, path=str(path), created=io.utc_now())
     io.write_json(path, plan)
     print(f"plan saved: {path}")

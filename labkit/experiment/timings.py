@@ -209,4 +209,6 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
             "seconds": seconds, "sources": sources, "notes": notes,
             "card": {"steps": steps, "save_steps": save, "save_steps_set": bool(t.eval_steps if t.early_stopping else t.save_steps),
                      "validation_rows": sizes.get("validation"), "test_rows": sizes.get("test"),
-                     "price_per_hour": card.budget.price_per_gpu_hour * gpus, "gpus": gpus}}
+                     "price_per_hour": card.budget.price_per_gpu_hour * gpus, "gpus": gpus,
+                     "train_rows": sizes.get("train"),  # tokens per optimiser step, to time a grid's other cards:
+                     "step_size": t.micro_batch * t.grad_accum * card.data.max_length}}

@@ -50,12 +50,14 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
         for param in model.parameters():
             param.requires_grad_(True)
         return model
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    from peft import get_peft_model
     from transformers import set_seed
+
+    from labkit.model.placement import prepare_kbit
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
     if method.kind == "qlora" and not meta:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+        model = prepare_kbit(model, card)  # method.quantisation.upcast (labkit.model.placement)
     targets = method.target_modules
     config = lora_config(card)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}

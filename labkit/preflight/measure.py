@@ -92,6 +92,23 @@ def touch_weights(model: Any) -> None:
                 tensor.view(-1)[:: max(1, 4096 // max(tensor.element_size(), 1))].sum()
 
 
+def free_device_memory(device: str) -> int:
+    """Bytes this process can still give to the weights and a training step on `device`.
+
+    CUDA / ROCm: PyTorch's cache is emptied first (its cached blocks are free for this process, but `mem_get_info`
+    counts them as used), and what this process already holds in tensors (e.g. the loaded model, which the
+    estimate counts) is added back. CPU: the available system memory.
+    """
+    if device.split(":")[0] == "cuda":
+        import torch
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info()[0]) + int(torch.cuda.memory_allocated())
+    return int(psutil.virtual_memory().available)
+
+
 class PeakMemory:
     """Context manager: the peak memory above the baseline taken on entry.
 

@@ -22,8 +22,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from labkit.card.schema import OPTIMIZERS, Card
+from labkit.core.device import DeviceProfile
 from labkit.model.loading import pick_dtype
 from labkit.model.method import apply_method
+from labkit.model.placement import decide
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
 # card checks start fast
@@ -53,6 +55,13 @@ class Shape:
     @property
     def kv(self) -> int:
         return self.kv_heads * self.head_dim
+
+
+def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
+    """The dtype name the card's weights load in on `device` (a device string of this machine, or a profile)."""
+    if isinstance(device, DeviceProfile):
+        return decide(card, device, world_size=1, kernels={}).weight_dtype
+    return str(pick_dtype(card, device)).replace("torch.", "")
 
 
 def shape_of(config: Any) -> Shape:
@@ -104,7 +113,7 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
     q = getattr(card.method, "quantisation", None)
-    frozen = quant = trainable = trainable_bytes = 0
+    frozen_all = frozen_norms = quant = trainable = trainable_bytes = 0
     adapted: set[str] = set()
     norms_trainable = head_trainable = False
     for name, param in model.named_parameters():
@@ -127,8 +136,13 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
             # 4-bit codes (2 per byte) + one absmax per 64 values (uint8 + fp32 per 256 blocks when double-quantised)
             quant += n // 2 + (n // 64 + 4 * math.ceil(n / 64 / 256) if q.double_quant else 4 * (n // 64))
         else:
-            frozen += param.numel() * (4 if card.method.kind == "qlora" else dtype_bytes)  # kbit prep upcasts the rest
-    return {"frozen_bytes": frozen, "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
+            # k-bit preparation upcasts to float32: everything (upcast all, PEFT's) or the norms only (upcast norms)
+            qlora = card.method.kind == "qlora"
+            frozen_all += param.numel() * (4 if qlora else dtype_bytes)
+            frozen_norms += param.numel() * (4 if qlora and "norm" in short else dtype_bytes)
+    frozen = frozen_norms if q is not None and q.upcast == "norms" else frozen_all
+    return {"frozen_bytes": frozen, "frozen_bytes_upcast": {"all": frozen_all, "norms": frozen_norms},
+            "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
             "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable}
 
 
@@ -202,7 +216,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     ckpt = card.train.gradient_checkpointing if checkpointing is None else checkpointing
     optim = optimizer or card.train.optimizer
     shape = shape_of(config)
-    dtype = str(pick_dtype(card.model.dtype, device)).replace("torch.", "")
+    dtype = weight_dtype(card, device)
+    kind = device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
     act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
     params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
@@ -215,7 +230,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
-    if card.train.trainer == "sft" and device != "cuda":
+    if card.train.trainer == "sft" and kind != "cuda":
         # labkit's head (CPU): logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward
         logits = math.ceil(n * min(max(loss_fraction, 0.0), 1.0)) * shape.vocab
         copy = 0 if act_bytes == 4 else 4 * logits
@@ -223,7 +238,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
     else:  # TRL's chunked fused head: tile-sized buffers, never the logits
         tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
-        fwd_tiles, bwd_tiles = TILES["triton" if device == "cuda" else "torch"]
+        fwd_tiles, bwd_tiles = TILES["triton" if kind == "cuda" else "torch"]
         head_fwd, head_bwd = fwd_tiles * tile, bwd_tiles * tile
     head_grad = shape.vocab * shape.hidden * 4 if params["head_trainable"] else 0
     grads = params["trainable_bytes"]
@@ -249,9 +264,12 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         "activations": activations, "loss head buffers": max(head_fwd, head_bwd),
     }
     alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
+    if card.method.kind == "qlora":  # what method.quantisation.upcast costs: all (PEFT's) vs norms only
+        for name, value in params["frozen_bytes_upcast"].items():
+            alternatives[f"weights (frozen), method.quantisation.upcast: {name}"] = value
     alternatives["activations, no checkpointing"] = saved_plain + head_saved
     alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
-    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": device,
+    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
             "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
@@ -275,45 +293,10 @@ def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = 
     """
     shape = shape_of(config)
     b = card.eval.batch_size
-    nbytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
+    nbytes = _BYTES[weight_dtype(card, device)]
     total = prompt_len + card.eval.max_new_tokens
     kv_cache = 2 * shape.layers * shape.kv * total * b * nbytes
     logits = b * shape.vocab * 4 * 2  # last-position logits and their fp32 processing copy
     prefill = b * prompt_len * (2 * shape.hidden + 2 * shape.intermediate) * nbytes  # one layer's transient at a time
     return {"eval_batch": b, "tokens": total, "kv_cache_bytes": kv_cache, "logits_bytes": logits,
             "prefill_bytes": prefill, "peak_bytes": (weights_bytes or 0) + kv_cache + logits + prefill}
-
-
-def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str = "cpu",
-                loss_fraction: float = 1.0) -> dict[str, Any]:
-    """Does a step fit in `free_bytes`? If not, the largest micro-batch that does, with and without checkpointing.
-
-    Args:
-        config, card, seq_len, device, loss_fraction: as for `estimate_step`.
-        free_bytes: memory available to the step and the weights.
-
-    Returns:
-        {"fits", "spare_bytes", "message", "options": [{"micro_batch", "checkpointing", "peak_bytes"}]}.
-    """
-    dtype_bytes = _BYTES[str(pick_dtype(card.model.dtype, device)).replace("torch.", "")]
-    params = parameter_bytes(meta_model(config, card), card, dtype_bytes)  # once: it does not depend on the batch
-    est = estimate_step(config, card, seq_len, device=device, params=params, loss_fraction=loss_fraction)
-    if est["peak_bytes"] <= free_bytes:
-        spare = free_bytes - est["peak_bytes"]
-        return {"fits": True, "spare_bytes": spare, "options": [],
-                "message": f"fits with {spare / GIB:.2f} GiB spare at micro-batch {est['micro_batch']}, {seq_len} tokens"}
-    options = []
-    for ckpt in (False, True):
-        for mb in range(est["micro_batch"], 0, -1):
-            peak = estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
-                                 params=params, loss_fraction=loss_fraction)["peak_bytes"]
-            if peak <= free_bytes:
-                options.append({"micro_batch": mb, "checkpointing": ckpt, "peak_bytes": peak})
-                break
-    if options:
-        best = options[0]
-        message = (f"needs micro-batch {best['micro_batch']}" + (" with activation checkpointing" if best["checkpointing"] else "")
-                   + f" (× grad_accum {math.ceil(est['micro_batch'] / best['micro_batch']) * card.train.grad_accum} to keep the batch)")
-    else:
-        message = "does not fit even at micro-batch 1 with checkpointing: use qlora, a shorter max_length or a larger device"
-    return {"fits": False, "spare_bytes": free_bytes - est["peak_bytes"], "options": options, "message": message}

@@ -13,6 +13,7 @@ from typing import Any
 from labkit.core import io
 from labkit.data.sources import sha256_text
 from labkit.evaluate.procedure import evaluate_rows
+from labkit.model.loading import baseline_numerics, baseline_quantize
 
 
 def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -39,6 +40,7 @@ def baseline_key(stage: Any) -> str:
     what = {
         "model_revision": stage.model_source.revision,
         "model_dtype": card.model.dtype,
+        "numerics": baseline_numerics(card, stage.device),  # a CPU float32 baseline is not a GPU 4-bit one
         "eval_split_sha256": manifest["split"]["sha256"][card.eval.split],
         "chat_template_sha256": manifest["tokenizer"]["chat_template_sha256"],
         "eval": card.eval.model_dump(),
@@ -65,7 +67,7 @@ def run_baseline(stage: Any) -> dict[str, Any]:
             shutil.copyfile(cache / name, stage.path(name))
         cached = True
     else:
-        model = stage.load_model(quantize=False)
+        model = stage.load_model(quantize=baseline_quantize(stage.card))  # as training loads it, unless the card says
         evaluate(stage, model, "baseline")
         del model
         cache.mkdir(parents=True, exist_ok=True)
@@ -75,7 +77,8 @@ def run_baseline(stage: Any) -> dict[str, Any]:
         cached = False
     rows = io.read_jsonl(stage.path(files[0]))
     metrics = io.read_json(stage.path(files[1]))
-    stage.save_json("baseline_key.json", {"key": key, "cached": cached, "cache": str(cache)})
+    stage.save_json("baseline_key.json", {"key": key, "cached": cached, "cache": str(cache),
+                                          "numerics": baseline_numerics(stage.card, stage.device)})
     return {"metrics": metrics, "rows": rows, "cached": cached, "key": key}
 
 

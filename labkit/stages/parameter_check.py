@@ -12,8 +12,6 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
-
 from labkit.card.schema import Card
 from labkit.model.method import apply_method
 from labkit.preflight.measure import measure_step
@@ -102,12 +100,9 @@ def breakdown_rows(estimates: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def free_memory(device: str) -> int:
     """Bytes free for training on the device (CUDA: free device memory; CPU: available system memory)."""
-    if device == "cuda":
-        import torch
+    from labkit.preflight.measure import free_device_memory
 
-        return int(torch.cuda.mem_get_info()[0])
-
-    return int(psutil.virtual_memory().available)
+    return free_device_memory(device)
 
 
 def token_lengths(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[int]:

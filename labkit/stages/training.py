@@ -63,11 +63,12 @@ def train(stage: Any) -> dict[str, Any]:
                                     and not outcome["budget_exhausted"] and not interrupted)
     # which checkpoint became the adapter, and why (the metric's value at each evaluation)
     outcome["early_stopping"] = early_stopping_summary(trainer.state, card, len(validation), outcome["early_stopped"])
+    adapter_dir = stage.path("adapter")
+    if not outcome["interrupted"]:  # every rank: under FSDP / ZeRO-3 the state is gathered collectively (rank 0 writes)
+        trainer.save_model(str(adapter_dir))
     if trainer.is_world_process_zero():
         stage.save_jsonl("log_history.jsonl", loss_history(trainer))
         if not outcome["interrupted"]:
-            adapter_dir = stage.path("adapter")
-            trainer.save_model(str(adapter_dir))
             stage.tokenizer.save_pretrained(adapter_dir)
             save_adapter_info(adapter_dir, stage)
         stage.save_json("outcome.json", outcome)

@@ -3,7 +3,13 @@
 - `ddp`: every process holds the whole model; gradients are averaged (NCCL on GPUs, gloo on CPUs).
 - `fsdp`: weights, gradients and optimiser states are sharded across processes (FSDP2, full
   sharding), which is what lets a model larger than one device's memory train; FSDP2 keeps the
-  original parameters, so LoRA works, and the full state dict is gathered for saving.
+  original parameters, so LoRA works. Saving is a collective: every rank calls `save_model` (stage 04), the full
+  state dict is gathered and rank 0 writes it (`fsdp_state_dict: full`), or every rank writes its shard
+  (`sharded`). `cpu_ram_efficient_loading` loads the weights on rank 0 only and broadcasts them (with
+  `sync_module_states`), so a machine's RAM holds one copy, not one per process. QLoRA under FSDP stores the 4-bit
+  codes in the weights' dtype (`bnb_4bit_quant_storage`, labkit.model.loading) so they shard like the rest.
+- `deepspeed`: ZeRO stage 2 or 3 (optionally offloading to the CPU), configured from the card in the same
+  accelerate config (never edited by hand: the launcher writes it from the card on every run).
 
 On a machine without GPUs the processes are CPU processes talking over gloo (accelerate's multi-GPU
 launcher starts them; the trainer's `use_cpu` puts them on the CPU). FSDP is refused there: accelerate
@@ -20,27 +26,37 @@ from typing import Any
 import yaml
 
 from labkit.card.schema import Card
+from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
+from labkit.model.placement import decide
 
 
-def accelerate_config(card: Card, device: str) -> str:
+def accelerate_config(card: Card, device: str, profile: DeviceProfile | None = None) -> str:
     """The accelerate config (YAML text) for the card's `distributed` section on this device.
 
     Args:
         card: the card.
         device: "cuda" or "cpu" (the machine the launch starts on).
+        profile: the machine's device profile (default: captured), for `train.precision: auto`.
     Returns:
         YAML for `accelerate launch --config_file`.
     """
     d = card.distributed
     if d.launcher != "accelerate":
         raise CardError("distributed.launcher is none: nothing to launch")
+    if d.strategy == "deepspeed" and device != "cuda":
+        raise CardError(f"distributed.strategy: deepspeed needs CUDA GPUs (this machine trains on {device}): "
+                        "DeepSpeed's CPU accelerator is not what a rented GPU runs; use strategy: ddp here")
     if d.strategy == "fsdp" and device != "cuda":
         # accelerate 1.15 switches to FSDP only for GPU-like process groups; CPU processes (gloo) get
         # DistributedDataParallel instead, silently — every process would hold the whole model
         raise CardError(f"distributed.strategy: fsdp needs CUDA GPUs (this machine trains on {device}): accelerate "
                          "wraps CPU processes in DDP, not FSDP, so nothing would be sharded; use strategy: ddp here")
     precision = card.train.precision
+    if device == "cuda" and precision == "auto":  # the placement's choice for this machine's GPUs
+        from labkit.model.loading import profile_of
+
+        precision = decide(card, profile or profile_of("cuda"), world_size=1, kernels={}).precision
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no") if device == "cuda" else "no"
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "num_processes": d.num_processes,
@@ -55,11 +71,22 @@ def accelerate_config(card: Card, device: str) -> str:
         config["main_process_port"] = d.main_process_port
     if d.strategy == "ddp":
         config["distributed_type"] = "MULTI_GPU"
+    elif d.strategy == "deepspeed":
+        config["distributed_type"] = "DEEPSPEED"
+        config["deepspeed_config"] = {
+            "zero_stage": d.zero_stage, "gradient_accumulation_steps": card.train.grad_accum,
+            "gradient_clipping": card.train.max_grad_norm, "offload_optimizer_device": d.offload,
+            "offload_param_device": d.offload if d.zero_stage == 3 else "none",
+            "zero3_init_flag": d.zero_stage == 3, "zero3_save_16bit_model": d.zero_stage == 3,
+        }
+        if d.num_machines > 1:
+            config["deepspeed_config"]["deepspeed_multinode_launcher"] = "standard"
     else:
         config["distributed_type"] = "FSDP"
         config["fsdp_config"] = {
             "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
-            "fsdp_state_dict_type": "FULL_STATE_DICT", "fsdp_cpu_ram_efficient_loading": False,
+            "fsdp_state_dict_type": "FULL_STATE_DICT" if d.fsdp_state_dict == "full" else "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True, "fsdp_sync_module_states": True,
             "fsdp_offload_params": False, "fsdp_activation_checkpointing": card.train.gradient_checkpointing,
         }
     return yaml.safe_dump(config, sort_keys=True)

@@ -1,11 +1,18 @@
 """Packing several training examples into one row, with attention kept inside each example.
 
 Rows are filled best-fit-decreasing up to `data.max_length` tokens (TRL's packer). Each example keeps its own position ids
-(restarting at 0) and the collator builds a block-diagonal causal attention mask (4D, additive), which
-transformers passes to SDPA or eager attention as it is — so no example attends to another, with any
-attention implementation (restarting position ids alone do not isolate examples with SDPA or eager
-in transformers 5.24). The loss positions are unchanged: each example's first token is a prompt token,
-already masked, so no example is trained to predict the next one.
+(restarting at 0). Two ways keep examples apart, chosen by `labkit.model.placement` from the device:
+
+- `block_mask` (the CPU, MPS, an explicit sdpa / eager): the collator builds a block-diagonal causal attention mask
+  (4D, additive), which transformers passes to SDPA or eager attention as it is.
+- `padding_free` (a GPU with flash_attention_2 or flex_attention): the collator passes no mask, only the restarting
+  position ids; transformers 5.24 (`masking_utils.find_packed_sequence_indices`, used when the mask is None and
+  there is no KV cache, as in training) turns them into flash-attn's variable-length sequences or flex attention's
+  document mask, on the GPU — no batch × seq × seq tensor is built on the CPU.
+
+With a KV cache (a plain `model(...)` call in eval mode) transformers does not look for packed sequences, so
+restarting position ids alone do not isolate examples there. The loss positions are unchanged: each example's
+first token is a prompt token, already masked, so no example is trained to predict the next one.
 """
 
 from __future__ import annotations
@@ -54,12 +61,14 @@ def segments(position_ids: list[int]) -> list[tuple[int, int]]:
 class PackedCollator:
     """Pads packed rows to the longest in the batch and builds their block-diagonal causal mask.
 
-    A row without position_ids is one example (stage 03 measures with such rows of a fixed length).
+    A row without position_ids is one example (stage 03 measures with such rows of a fixed length). With
+    `block_mask=False` no mask is built: the position ids alone mark the examples (padding-free attention).
     """
 
-    def __init__(self, pad_token_id: int, dtype: Any = None) -> None:
+    def __init__(self, pad_token_id: int, dtype: Any = None, block_mask: bool = True) -> None:
         self.pad_token_id = pad_token_id
         self.dtype = dtype
+        self.block_mask = block_mask
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         import torch
@@ -69,6 +78,13 @@ class PackedCollator:
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), length), IGNORE, dtype=torch.long)
         positions = torch.zeros((len(rows), length), dtype=torch.long)
+        if not self.block_mask:
+            for b, row in enumerate(rows):
+                n = len(row["input_ids"])
+                ids[b, :n] = torch.tensor(row["input_ids"])
+                labels[b, :n] = torch.tensor(row["labels"])
+                positions[b, :n] = torch.tensor(list(row.get("position_ids") or range(n)))
+            return {"input_ids": ids, "labels": labels, "position_ids": positions}
         allowed = torch.zeros((len(rows), 1, length, length), dtype=torch.bool)
         causal = torch.ones((length, length), dtype=torch.bool).tril()
         for b, row in enumerate(rows):
@@ -84,16 +100,20 @@ class PackedCollator:
         return {"input_ids": ids, "labels": labels, "position_ids": positions, "attention_mask": mask}
 
 
-def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length: int, tolerance: float = 1e-4,
-                    block_mask: bool = True) -> dict[str, Any]:
+def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length: int, tolerance: float | None = None,
+                    block_mask: bool | None = None, cache: bool = False) -> dict[str, Any]:
     """Each example's loss must be the same packed and on its own (the check the stage runs before packing).
 
     Args:
         model: the model to train (its attention implementation is what is checked).
         examples: a few tokenised examples (input_ids, labels).
         max_length: the packing length.
-        tolerance: largest allowed absolute difference of a per-example mean loss.
-        block_mask: pass the block-diagonal mask (False: restarting position ids only, to show they do not isolate).
+        tolerance: largest allowed absolute difference of a per-example mean loss (default: the placement's
+            tolerance for the dtype the model computes in, `labkit.model.placement.PACK_TOLERANCE`).
+        block_mask: pass the block-diagonal mask (False: restarting position ids only — the padding-free path;
+            default: the path the placement chose for training, `model.labkit_decisions["packing"]`).
+        cache: run the packed forward with a KV cache (with `block_mask=False`: shows that the position ids alone
+            do not isolate examples then).
     Returns:
         {"ok", "max_difference", "per_example": [{"alone", "packed"}], "tolerance"}.
     """
@@ -103,10 +123,17 @@ def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length
     def token_losses(logits: Any, labels: Any) -> Any:
         return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE, reduction="none")
 
+    from labkit.model.placement import PACK_TOLERANCE
+
     device = next(model.parameters()).device
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype
+    made = getattr(model, "labkit_decisions", None) or {}
+    if tolerance is None:
+        tolerance = made.get("packing_tolerance") or PACK_TOLERANCE.get(str(dtype).replace("torch.", ""), 5e-2)
+    if block_mask is None:
+        block_mask = made.get("packing") != "padding_free"
     rows = pack(examples, max_length)
-    collate = PackedCollator(pad_token_id=0, dtype=dtype)
+    collate = PackedCollator(pad_token_id=0, dtype=dtype, block_mask=block_mask)
     was_training = model.training
     model.eval()
     alone, packed = [], {}  # packed: by the example's tokens (the packer reorders examples)
@@ -117,8 +144,8 @@ def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length
             alone.append(losses.sum().item() / max(int((labels[0, 1:] != IGNORE).sum()), 1))
         for row in rows:
             batch = {k: v.to(device) for k, v in collate([row]).items()}
-            mask = batch["attention_mask"] if block_mask else None
-            losses = token_losses(model(input_ids=batch["input_ids"], attention_mask=mask,
+            mask = batch.get("attention_mask")
+            losses = token_losses(model(input_ids=batch["input_ids"], attention_mask=mask, use_cache=cache,
                                         position_ids=batch["position_ids"]).logits, batch["labels"])
             for start, end in segments(row["position_ids"]):
                 valid = (batch["labels"][0, start + 1: end] != IGNORE).sum().item()
@@ -128,5 +155,5 @@ def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length
     packed = [packed.get(tuple(ex["input_ids"][:max_length]), float("nan")) for ex in examples]
     diffs = [abs(a - p) for a, p in zip(alone, packed)]
     return {"ok": all(d <= tolerance for d in diffs), "max_difference": max(diffs),  # a missing example (nan) fails
-            "tolerance": tolerance, "rows": len(rows),
+            "tolerance": tolerance, "rows": len(rows), "path": "block_mask" if block_mask else "padding_free",
             "per_example": [{"alone": a, "packed": p} for a, p in zip(alone, packed)]}

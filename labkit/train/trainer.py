@@ -14,7 +14,6 @@ from typing import Any
 
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.data.prompting import encode_rows
-from labkit.errors import CardError
 from labkit.scoring.metrics import METRICS
 from labkit.train.packing import PackedCollator, pack
 from labkit.train.preference import preference_trainer
@@ -35,15 +34,18 @@ def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
 
 
 def _precision(card: Card, device: str) -> dict[str, bool]:
-    import torch
+    """The trainer's bf16 / fp16 flags: `labkit.model.placement.decide`'s precision for this device."""
+    from labkit.model.loading import decisions
 
-    device = device.split(":")[0]
-    wanted = card.train.precision
-    if wanted == "auto":
-        wanted = "bf16" if device == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if wanted != "fp32" and device != "cuda":
-        raise CardError(f"train.precision: {wanted} needs a CUDA GPU (this machine trains on {device}); use fp32 or auto")
-    return {"bf16": wanted == "bf16", "fp16": wanted == "fp16"}
+    precision = decisions(card, device).precision
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def _one_gpu(args: Any) -> None:
+    """Several GPUs visible to one process (no launcher): train on cuda:0 alone, as transformers does for a model
+    split with device_map (`args._n_gpu = 1`), instead of the DataParallel wrap that TRL refuses."""
+    if args.n_gpu > 1 and args.world_size == 1:
+        args._n_gpu = 1
 
 
 class BudgetCallback:
@@ -147,13 +149,19 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     collator = None
     if t.packing:  # labkit packs (packing.py): block-diagonal masks, so examples never attend to each other
 
+        from labkit.model.loading import decisions
+
         collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
-                                  if next(model.parameters()).is_floating_point() else None)
+                                  if next(model.parameters()).is_floating_point() else None,
+                                  block_mask=decisions(card, device).packing != "padding_free")
+    args = SFTConfig(**config)
+    _one_gpu(args)
     trainer = CompletionSFTTrainer(
-        model=model, args=SFTConfig(**config), train_dataset=train_dataset, data_collator=collator,
+        model=model, args=args, train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
     _attach(trainer, budget, interruption, checkpoints, t.logging_steps)
+    trainer.labkit_decisions = getattr(model, "labkit_decisions", None)
     if t.loss_normalisation == "micro_batch_mean":
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
         trainer.model_accepts_loss_kwargs = False

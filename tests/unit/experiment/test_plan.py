@@ -237,7 +237,7 @@ def test_measured_timings_medians_and_sources(runs_root: Path) -> None:
     assert "qs-c training/log_history.jsonl: 90.0 s / 24 steps" in t["sources"]["seconds_per_step"]
     assert t["device"] == "CPU x86_64, 2 cores, 23.54 GiB, no GPU" and t["notes"] == []
     assert t["card"] == {"steps": 24, "save_steps": 6, "save_steps_set": False, "validation_rows": 60, "test_rows": 60,
-                         "price_per_hour": 0.0, "gpus": 1}
+                         "price_per_hour": 0.0, "gpus": 1, "train_rows": 275, "step_size": 4 * 1 * 384}
 
 
 def test_other_experiment_with_the_same_model_method_and_length(runs_root: Path, tmp_path: Path) -> None:
@@ -301,3 +301,15 @@ def test_cli_subcommand_and_errors(runs_root: Path, tmp_path: Path, capsys: pyte
     assert err.startswith("labkit: error: nothing measured") and "\n" not in err
     assert cli_main(["--runs", str(runs_root), "plan", str(QUICKSTART), "--days", "0.0001"]) == 2
     assert "shorter than the initial check" in capsys.readouterr().err
+
+
+def test_cli_campaign_over_a_grid_of_four_cards(runs_root: Path, capsys: pytest.CaptureFixture) -> None:
+    examples = REPO / "params" / "examples"
+    grid = [str(examples / n) for n in ("ticket-lora-r4-qv.yaml", "ticket-qlora.yaml", "ticket-packed.yaml",
+                                        "ticket-earlystop.yaml")]
+    for days in ("3", "7", "30"):
+        assert cli_main(["--runs", str(runs_root), "plan", str(QUICKSTART), "--days", days, "--grid", *grid]) == 0
+        out = capsys.readouterr().out
+        assert "4 of 4 listed variant(s) planned (limited by the grid" in out  # never the 3353 copies of before
+        assert "continuation of the best" in out and "assumed: set-up: 1 h" in out and "measured: seconds_per_step" in out
+    assert len(list((runs_root / "ticket-triage" / "_plans").glob("campaign-*.json"))) == 3

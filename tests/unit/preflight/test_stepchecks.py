@@ -134,3 +134,30 @@ def test_checkpointing_same_gradients_less_memory(card, tiny_model, rows) -> Non
     # about 1 MiB expected: below what the CPU measurement resolves, so only loss and gradients are judged
     assert not short["memory_judged"] and short["memory_saving_expected_bytes"] < 8 * 2**20
     assert short["ok"] and short["relative_difference"] < 1e-5
+
+
+def test_frozen_tensors_are_checked_by_checksum_and_a_planted_change_is_caught(card, tiny_model, rows) -> None:
+    import torch
+    from transformers import TrainerCallback
+
+    from labkit.preflight.stepchecks import checksum
+
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    name, frozen = next((n, p) for n, p in model.named_parameters() if not p.requires_grad and "mlp.up_proj" in n)
+    a = checksum(frozen)
+    with torch.no_grad():
+        frozen.view(-1)[7] = torch.nextafter(frozen.view(-1)[7], torch.tensor(1e9))  # one bit of one element
+    assert checksum(frozen) != a
+    assert checksum(frozen.clone()) == checksum(frozen)  # equal bits, equal sums
+
+    class Plant(TrainerCallback):  # a bug that writes into a frozen weight during training
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            with torch.no_grad():
+                dict(model.named_parameters())[name].view(-1)[3] += 1e-3
+
+    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:8], Path(tempfile.mkdtemp()),
+                            device="cpu", max_steps=2, lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True)
+    trainer.add_callback(Plant())
+    result = update_check(trainer, card, steps=2)
+    assert not result["ok"] and result["changed_frozen"] == [name]
+    assert f"1 tensors that must stay frozen changed, e.g. {name}" in result["problems"]

@@ -1,0 +1,194 @@
+"""What a card trains with on a given device: dtypes, precision, placement, attention, packing — decided from a profile.
+
+`decide(card, profile)` reads only the card and a `labkit.core.device.DeviceProfile`, so every choice and every
+refusal is tested on a CPU with recorded profiles of a T4, a 2×T4 box, an A100, an H100 and an MI300X.
+
+- weights (`model.dtype: auto`): bfloat16 where the GPU runs it natively; on other GPUs (T4, V100) float16 for a
+  frozen base (lora / qlora: PEFT keeps the adapters in float32) and float32 for full fine-tuning (the loss
+  scaler needs float32 master weights); float32 on the CPU.
+- training precision (`train.precision: auto`): bf16 where native, else fp16 with a loss scaler, fp32 on the CPU.
+- 4-bit compute dtype (`method.quantisation.compute_dtype: auto`): bfloat16 where native, else float16.
+- placement: several visible GPUs in one process (no launcher) train on one GPU, with a one-line note naming the
+  `distributed` keys that use them all (TRL refuses the DataParallel that transformers would otherwise wrap).
+- attention (`model.attn_implementation: auto`): sdpa; when packing on a GPU, flash_attention_2 (padding-free,
+  variable-length kernels) where flash-attn is installed and the GPU supports it, else flex_attention (transformers
+  builds the document mask on the GPU from the restarting position ids); labkit's 4D block mask only where neither
+  applies (the CPU, MPS, an explicit sdpa / eager).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from labkit.card.schema import Card
+from labkit.core.device import DeviceProfile
+from labkit.errors import CardError
+
+# largest allowed |packed − alone| of an example's mean loss, by the dtype the forward pass computes in: float32
+# agrees to rounding (1e-4); float16 keeps 11 significant bits, bfloat16 8 (relative rounding 2^-8 ≈ 4e-3 per
+# operation, accumulated over the layers), so a loss of a few nats differs by up to ~1e-2 / ~5e-2 between two
+# mathematically equal computations with a different kernel or reduction order
+PACK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
+_PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """What the card trains with on this device (recorded in the run; printed by stage 03)."""
+
+    device: str
+    weight_dtype: str
+    precision: str
+    loss_scaler: bool
+    compute_dtype: str | None
+    attention: str
+    packing: str | None
+    packing_tolerance: float | None
+    gpus_visible: int
+    gpus_used: int
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def attention_kernels() -> dict[str, bool]:
+    """Which optional attention kernels this installation has: {"flash_attention_2", "flex_attention"}."""
+    from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
+
+    return {"flash_attention_2": bool(is_flash_attn_2_available()), "flex_attention": bool(is_torch_flex_attn_available())}
+
+
+def _emulated(where: str, value: str, profile: DeviceProfile, fix: str) -> CardError:
+    return CardError(f"{where}: {value} is emulated, not native, on {profile.name} ({profile.arch}; native bf16 needs "
+                     f"CUDA compute capability ≥ 8.0 or an MI200/MI300 GPU), which makes it slow and can break Triton "
+                     f"kernels; {fix}")
+
+
+def _weights(card: Card, profile: DeviceProfile) -> str:
+    wanted = card.model.dtype
+    if wanted == "bfloat16" and profile.is_gpu and not profile.native_bf16:
+        raise _emulated("model.dtype", "bfloat16", profile, "use auto (float16 here) or float16")
+    if wanted != "auto":
+        return wanted
+    if not profile.is_gpu:
+        return "float32"
+    if profile.native_bf16:
+        return "bfloat16"
+    return "float32" if card.method.kind == "full" else "float16"
+
+
+def _precision(card: Card, profile: DeviceProfile) -> str:
+    wanted = card.train.precision
+    if wanted == "auto":
+        return ("bf16" if profile.native_bf16 else "fp16") if profile.is_gpu else "fp32"
+    if wanted != "fp32" and not profile.is_gpu:
+        raise CardError(f"train.precision: {wanted} needs a CUDA GPU (this machine trains on {profile.device}); use "
+                        "fp32 or auto")
+    if wanted == "bf16" and not profile.native_bf16:
+        raise _emulated("train.precision", "bf16", profile, "use auto (fp16 with a loss scaler here) or fp16")
+    return wanted
+
+
+def _compute_dtype(card: Card, profile: DeviceProfile) -> str | None:
+    if card.method.kind != "qlora":
+        return None
+    wanted = card.method.quantisation.compute_dtype
+    if wanted == "bfloat16" and profile.is_gpu and not profile.native_bf16:
+        raise _emulated("method.quantisation.compute_dtype", "bfloat16", profile, "use auto (float16 here) or float16")
+    if wanted != "auto":
+        return wanted
+    if not profile.is_gpu:
+        return "float32"
+    return "bfloat16" if profile.native_bf16 else "float16"
+
+
+def _attention(card: Card, profile: DeviceProfile, weights: str, kernels: dict[str, bool]) -> tuple[str, str | None]:
+    """(attn_implementation, packing mode: "padding_free" | "block_mask" | None)."""
+    wanted = card.model.attn_implementation
+    packing = card.train.packing
+    flash_ok = kernels.get("flash_attention_2", False) and profile.is_gpu and weights != "float32" and (
+        profile.native_bf16 or profile.type == "rocm")
+    if wanted == "flash_attention_2" and not flash_ok:
+        why = ("float32 weights (flash-attn computes in float16 / bfloat16)" if weights == "float32" and profile.is_gpu
+               else f"the flash-attn package and a GPU of compute capability ≥ 8.0 (this machine: {profile.describe()})")
+        raise CardError(f"model.attn_implementation: flash_attention_2 needs {why}; use auto or sdpa")
+    if wanted == "flex_attention" and not kernels.get("flex_attention", False):
+        raise CardError("model.attn_implementation: flex_attention needs torch ≥ 2.5 with flex attention; use auto or sdpa")
+    if wanted != "auto":
+        return wanted, (("padding_free" if wanted in ("flash_attention_2", "flex_attention") else "block_mask")
+                        if packing else None)
+    if not packing:
+        return "sdpa", None
+    if flash_ok:
+        return "flash_attention_2", "padding_free"
+    if profile.type == "cuda" and kernels.get("flex_attention", False):
+        return "flex_attention", "padding_free"
+    return "sdpa", "block_mask"
+
+
+def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
+           kernels: dict[str, bool] | None = None) -> Decisions:
+    """Decide dtypes, precision, placement and attention for `card` on the machine `profile` describes.
+
+    Args:
+        card: the card.
+        profile: the device profile (captured, or recorded for a test).
+        world_size: processes in this training (default: the WORLD_SIZE a launcher sets, else 1).
+        kernels: the optional attention kernels installed (default: `attention_kernels()`; only read when packing
+            or when the card names one).
+    Returns:
+        the decisions.
+    Raises:
+        CardError: a card key that cannot work on this device, in one line naming the key and the fix.
+    """
+    world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    weights = _weights(card, profile)
+    precision = _precision(card, profile)
+    if card.method.kind == "full" and weights == "float16" and precision == "fp16":
+        raise CardError(f"model.dtype: float16 weights with train.precision {card.train.precision} (fp16 on "
+                        f"{profile.name}) for method full: the loss scaler refuses float16 trainable weights "
+                        "(\"Attempting to unscale FP16 gradients\"); set model.dtype: float32 or auto")
+    compute = _compute_dtype(card, profile)
+    needs_kernels = card.train.packing or card.model.attn_implementation in ("flash_attention_2", "flex_attention")
+    kernels = kernels if kernels is not None else (attention_kernels() if needs_kernels else {})
+    attention, packing = _attention(card, profile, weights, kernels)
+    d = card.distributed
+    notes: list[str] = []
+    gpus = profile.count if profile.is_gpu else 0
+    used = min(gpus, 1)
+    if profile.is_gpu and d.launcher == "accelerate":
+        if d.num_machines == 1 and d.num_processes > gpus:
+            raise CardError(f"distributed.num_processes: {d.num_processes} but this machine has {gpus} GPU(s) "
+                            f"({profile.describe()}); set num_processes: {gpus}")
+        used = 1 if world_size > 1 else d.num_processes  # per process when launched; all of them for the plan
+    elif gpus > 1 and world_size == 1:
+        notes.append(f"{gpus} GPUs visible ({profile.describe()}), training on cuda:0 only; to use all {gpus}, set "
+                     f"distributed: {{launcher: accelerate, strategy: ddp, num_processes: {gpus}}}")
+    dtypes = [_PRECISION_DTYPE[precision] if profile.is_gpu else weights, weights, compute or "float32"]
+    tolerance = max(PACK_TOLERANCE[t] for t in dtypes) if card.train.packing else None
+    return Decisions(device=profile.device, weight_dtype=weights, precision=precision, loss_scaler=precision == "fp16",
+                     compute_dtype=compute, attention=attention, packing=packing, packing_tolerance=tolerance,
+                     gpus_visible=gpus, gpus_used=used, notes=notes)
+
+
+def prepare_kbit(model: Any, card: Card) -> Any:
+    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
+
+    all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
+    included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
+    keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
+    hook is needed).
+    """
+    import torch
+    from peft import prepare_model_for_kbit_training
+
+    if card.method.quantisation.upcast == "all":
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+    for name, param in model.named_parameters():
+        param.requires_grad_(False)
+        if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.to(torch.float32)
+    return model
