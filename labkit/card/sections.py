@@ -94,6 +94,8 @@ class TargetFormat(Strict):
     )
     required_keys: list[str] = Field(default_factory=list)
     category_key: str | None = Field(default="category", description="JSON key that holds the category")
+    labels: list[str] | None = Field(
+        default=None, description="kind label: the known label set (default: the labels seen in the training split)")
 
     @model_validator(mode="after")
     def _keys(self) -> "TargetFormat":
