@@ -22,7 +22,6 @@ from labkit.data.pairs import check_pairs, encode_pairs
 from labkit.data.prompting import Encoded, check_encoded, encode_rows
 from labkit.errors import CardError, DataError, PreprocessingCheckFailed
 
-
 MIN_TRAIN_FRACTION = 0.2  # validation + test may take at most 80 % of the rows
 
 
