@@ -78,19 +78,36 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_data(loaded: Any) -> dict[str, int]:
+    """Stage 01's preparation in memory (model source resolved for its tokenizer): split sizes; writes no run."""
+    from labkit.data.prepare import checked_splits
+    from labkit.model.loading import load_tokenizer
+    from labkit.model.sources import resolve
+
+    card = loaded.card
+    tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
+    derived, _ = checked_splits(card, tokenizer)
+    return {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    """`labkit check CARD…`: every check that needs only the card (parent chain, diff, data section, model source,
-    the experiment's protocol); writes nothing. 0 when every card passes, 2 otherwise."""
+    """`labkit check CARD… [--data]`: every check that needs only the card (parent chain, diff, data section, model
+    source, the experiment's protocol); with --data also stage 01's preparation checks in memory. Writes no run.
+    0 when every card passes, else the worst error's code (2 bad input)."""
     code = 0
     for path in args.cards:
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
+            sizes = _check_data(loaded) if args.data else None
         except LabkitError as exc:
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
             continue
         print(f"{loaded.path}: ok ({loaded.card.experiment.id}/{loaded.card.experiment.variant}, hash {loaded.hash})")
+        if sizes:
+            print("  data: " + ", ".join(f"{k} {v}" for k, v in sizes.items()) + " rows; every reference and encoding "
+                  "check passes")
         for parent in loaded.chain[1:]:
             print(f"  parent: {parent}")
         if len(loaded.chain) > 1:

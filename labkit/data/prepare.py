@@ -133,6 +133,27 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
                          leakage=leak_report, references=references)
 
 
+def checked_splits(card: Card, tokenizer: Any) -> tuple[DerivedSplits, dict[str, list[Any]]]:
+    """The splits with every check that needs only the data and the tokenizer passed; writes nothing.
+
+    The references of every split are checked by `derive_splits`; then stage 02's encoding checks (truncation,
+    loss positions, EOS) run on train and validation, so that they fail here, with stage 02's message, before
+    the baseline spends compute. `prepare` and `labkit check --data` call it.
+
+    Args:
+        card: the card.
+        tokenizer: the model's tokenizer.
+    Returns:
+        (the DerivedSplits, the encodings of train and validation).
+    Raises:
+        DataError: bad data or a bad reference; PreprocessingCheckFailed: an encoding check failed.
+    """
+    derived = derive_splits(card, tokenizer)
+    encoded, checks = run_checks(tokenizer, card, {n: rows for n, rows in derived.splits.items() if n != "test"})
+    raise_on_failed(checks)
+    return derived, encoded
+
+
 def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
     """Prepare the run's data (or return the existing manifest when it is already prepared).
 
@@ -150,12 +171,8 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
     manifest_path = run.dir / "data_manifest.json"
     if manifest_path.exists():
         return read_json(manifest_path)
-    derived = derive_splits(card, tokenizer)
+    derived, encoded = checked_splits(card, tokenizer)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
-    # stage 02's checks that need only the data and the tokenizer (truncation, loss positions, EOS), before the
-    # baseline spends compute: the same check, the same message
-    encoded, checks = run_checks(tokenizer, card, {name: rows_ for name, rows_ in splits.items() if name != "test"})
-    raise_on_failed(checks)
     if card.train.trainer != "sft":  # run_checks encoded preference pairs; the data version hashes the chosen answers
         encoded = {name: encode_rows(tokenizer, card, splits[name]) for name in encoded}
     tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encs])

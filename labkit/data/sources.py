@@ -79,15 +79,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_with_datasets(kind: str, **kwargs: Any) -> list[dict[str, Any]]:
+def _read_with_datasets(kind: str, where: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     import datasets
-
     datasets.disable_progress_bars()
     try:
         dataset = datasets.load_dataset(kind, **kwargs)
     except Exception as exc:  # noqa: BLE001
-        where = kwargs.get("data_files") or kind
-        raise DataError(f"{where}: could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise DataError(f"{where or kwargs.get('data_files') or kind}: could not be read ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0]})") from None
     finally:
         datasets.enable_progress_bars()
     return [dict(row) for row in dataset]
@@ -126,7 +125,8 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     if hasattr(source, "hf"):
         hub.check_pin("data.source.revision", source.revision, DataError)
         hub.check_reachable("dataset", source.hf, source.revision, DataError, "data.source.hf")
-        rows = _read_with_datasets(source.hf, name=source.config, revision=source.revision, split=source.split)
+        where = f"data.source.hf: hf:{source.hf}@{source.revision[:12]}…" + (" (HF_HUB_OFFLINE=1)" if hub.offline() else "")
+        rows = _read_with_datasets(source.hf, where, name=source.config, revision=source.revision, split=source.split)
         for number, row in enumerate(rows, 1):
             row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
