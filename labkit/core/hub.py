@@ -48,12 +48,20 @@ def check_reachable(kind: str, repo: str, revision: str, error: type[LabkitError
     Raises:
         error: offline and not cached, hub unreachable, repository or revision not found.
     """
-    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     name = f"hf:{repo}@{revision[:12]}…"
     if offline():
-        if kind == "model" and not isinstance(try_to_load_from_cache(repo, "config.json", revision=revision), str):
+        if kind == "model":
+            cached = isinstance(try_to_load_from_cache(repo, "config.json", revision=revision), str)
+        else:
+            try:
+                snapshot_download(repo, repo_type="dataset", revision=revision, local_files_only=True)
+                cached = True
+            except Exception:  # noqa: BLE001 - not in the cache (LocalEntryNotFoundError and kin)
+                cached = False
+        if not cached:
             raise error(f"{key}: {name} is not in the local hub cache and HF_HUB_OFFLINE=1 (fetch it once online, or "
                         "point the card at a local copy)")
         return

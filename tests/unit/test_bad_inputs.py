@@ -271,7 +271,8 @@ CASES = [
     Case("hf-data-unreachable", r"data\.source\.hf: the hub \(http://127\.0\.0\.1:9\) cannot be reached for hf:org/data@",
          card={"data": {"source": {"hf": "org/data", "revision": HEX, "path": DELETE}}}, args=DATA,
          env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}),
-    Case("hf-data-offline", r"data\.source\.hf: hf:org/data@0123456789ab… \(HF_HUB_OFFLINE=1\): could not be read", args=DATA,
+    Case("hf-data-offline", r"data\.source\.hf: hf:org/data@0123456789ab… is not in the local hub cache and "
+         r"HF_HUB_OFFLINE=1", args=DATA,
          card={"data": {"source": {"hf": "org/data", "revision": HEX, "path": DELETE}}}),
     # ------------------------------------------------------------------ commands
     Case("run-without-cards", r"labkit run needs at least one card", args=("run",)),
@@ -351,4 +352,4 @@ def test_bad_input(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert re.search(case.pattern, errors[0]), f"{errors[0]!r} does not match {case.pattern!r}"
     assert MARKER not in out + err  # a test-split row's content is never shown
     assert _snapshot(tmp_path) == before  # nothing written: no run folder, no registry, no report folder
-    assert seconds < 20, f"{case.name} took {seconds:.1f} s"
+    assert seconds < (3 if case.env or "hf-" in case.name else 20), f"{case.name} took {seconds:.1f} s"  # hub: fast
