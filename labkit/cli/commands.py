@@ -197,7 +197,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """`labkit plan CARD --days D …`: the rental plan from measured timings."""
-    make_plan(args.card, args.days, args.price_per_hour, Path(args.runs) if getattr(args, "runs", None) else None,
+    make_plan(args.card, args.days, args.price_per_hour, _root(args) if getattr(args, "runs", None) else None,
               speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
               max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation)
     return 0

@@ -297,6 +297,8 @@ CASES = [
     Case("export-no-such-run", r"no run 'no-such-run' under", args=("--runs", "{runs}", "export", "no-such-run")),
     Case("invalidate-no-such-run", r"no run 'gone' under", args=("--runs", "{runs}", "invalidate", "gone", "--why", "x")),
     Case("resume-no-such-run", r"no run 'gone' under", args=("--runs", "{runs}", "run", "--resume", "gone")),
+    Case("plan-runs-option-is-a-file", r"--runs .*/afile: is a file, not a folder", files={"afile": "x"},
+         args=("--runs", "{project}/afile", "plan", "{card}", "--days", "3")),
     Case("plan-bad-card", r"card\.yaml:\d+: train: given twice", text=yaml.safe_dump(CARD) + "train: {}\n",
          args=("plan", "{card}", "--days", "3")),
 ]
