@@ -92,16 +92,17 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None, _checked: bool
         raise DataError(f"{run.dir / 'data_manifest.json'}: no split.sha256.test (prepared by an older labkit?); "
                         "the test rows cannot be checked: start a new run")
     card = card if card is not None else load_card(run.card_path).card
+    note = " (the test split was not opened: nothing is recorded)" if _checked else ""
     try:
         rows = derive_splits(card, tokenizer).splits["test"]
     except DataError as exc:
-        raise DataError(f"{exc} (the test split was not opened: nothing is recorded)" if _checked else str(exc)) from None
+        raise DataError(f"{exc}{note}") from None
     got = split_sha256(rows)
     if got != expected:
         recorded = manifest["split"].get("sizes", {}).get("test", "?")
         raise DataError(f"{run.dir / 'data_manifest.json'}: split.sha256.test is {expected[:12]}… ({recorded} rows) but the "
                         f"card's source now gives {got[:12]}… ({len(rows)} rows): the data changed since the run; restore "
-                        "the data it used (see the manifest's source) or start a new run on the current data")
+                        f"the data it used (see the manifest's source) or start a new run on the current data{note}")
     return rows
 
 
