@@ -51,6 +51,10 @@ class MissingInput(LabkitError, FileNotFoundError):
     """A file or folder a command needs does not exist (a run, its data, the notebooks…)."""
 
 
+class RegistryCorrupt(LabkitError, ValueError):
+    """A line of registry.jsonl that is not a JSON event (named by its line number; never skipped silently)."""
+
+
 class SplitLocked(LabkitError, PermissionError):
     """The test split is locked: it opens once, through `labkit final`."""
 

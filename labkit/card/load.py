@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,15 @@ class LoadedCard:
     resolved: dict[str, Any]
     diff: dict[str, Any] = field(default_factory=dict)
 
+    def where(self, key: str) -> str:
+        """`file:line` of a dotted key in the card or the parent that sets it (the card's path when no file does)."""
+        loc = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+        for path in self.chain:
+            line = _line_of(yaml.compose(path.read_text(encoding="utf-8")), loc)
+            if line is not None:
+                return f"{path}:{line}"
+        return str(self.path)
+
     @property
     def hash(self) -> str:
         """Short sha256 of the resolved card's non-default values (stable across key order, and across labkit
@@ -51,10 +61,42 @@ def card_hash(resolved: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:8]
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
+def _decode(path: Path) -> str:
+    """The card's text; bytes that are not UTF-8 are one line naming the byte offset and its line."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise CardError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); "
+                        "save the card as UTF-8") from None
+
+
+def _check_duplicates(path: Path, node: yaml.Node | None, prefix: str = "") -> None:
+    """A key given twice in one mapping is an error naming both lines (YAML would silently keep the last)."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_duplicates(path, item, f"{prefix}{i}.")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode):
+            line = key_node.start_mark.line + 1
+            if key_node.value in seen:
+                raise CardError(f"{path}:{line}: {prefix}{key_node.value}: given twice (lines {seen[key_node.value]} "
+                                f"and {line}); keep one (YAML would silently use the last)")
+            seen[key_node.value] = line
+            _check_duplicates(path, value_node, f"{prefix}{key_node.value}.")
+
+
+def _read_yaml(path: Path, referenced_by: str | None = None) -> tuple[dict[str, Any], yaml.Node | None]:
     if not path.is_file():
+        if referenced_by:
+            raise CardError(f"{referenced_by}: parent: card not found: {path} (a parent path is relative to the "
+                            "card that names it; fix the parent: line)")
         raise CardError(f"{path}: card file not found (give the path of a .yaml card, e.g. params/quickstart.yaml)")
-    text = path.read_text(encoding="utf-8")
+    text = _decode(path)
     try:
         data = yaml.safe_load(text)
         node = yaml.compose(text)
@@ -67,6 +109,7 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
         raise CardError(f"{path}: the card is empty (expected the sections experiment, data, model, method)")
     if not isinstance(data, dict):
         raise CardError(f"{path}:1: the card must be a mapping of sections, got {type(data).__name__}")
+    _check_duplicates(path, node)
     return data, node
 
 
@@ -113,13 +156,10 @@ def card_diff(parent: Any, child: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _resolve_relative(ref: str, base: Path) -> Path:
-    """Resolve a path written in a card: relative to the card, then to the project root."""
+    """Resolve a path written in a card: relative to the card's own folder (never a folder above it)."""
     candidate = Path(ref).expanduser()
     if candidate.is_absolute():
         return candidate
-    for root in [base.parent, *base.parent.parents]:
-        if (root / candidate).exists():
-            return (root / candidate).resolve()
     return (base.parent / candidate).resolve()
 
 
@@ -189,17 +229,19 @@ def load_card(path: str | Path) -> LoadedCard:
     """
     path = Path(path).expanduser().resolve()
     chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]] = []
-    current = path
+    current, referenced_by = path, None
     while True:
         if any(current == p for p, _, _ in chain):
-            raise CardError(f"{current}: parent: inheritance cycle ({' -> '.join(str(p) for p, _, _ in chain)})")
-        data, node = _read_yaml(current)
+            raise CardError(f"{referenced_by}: parent: inheritance cycle ({' -> '.join(str(p) for p, _, _ in chain)} "
+                            f"-> {current}); remove one parent: line")
+        data, node = _read_yaml(current, referenced_by)
         chain.append((current, node, data))
         parent_ref = data.get("parent")
         if parent_ref is None:
             break
         if not isinstance(parent_ref, str):
             raise CardError(f"{current}:{_line_of(node, ('parent',))}: parent: expected a path to a card, got {parent_ref!r}")
+        referenced_by = f"{current}:{_line_of(node, ('parent',))}"
         current = _resolve_relative(parent_ref, current)
     resolved: dict[str, Any] = {}
     for _, _, data in reversed(chain):
@@ -208,7 +250,7 @@ def load_card(path: str | Path) -> LoadedCard:
         card = Card.model_validate(resolved)
     except ValidationError as exc:
         raise CardError(_format_error(exc, chain)) from None
-    _check_paths(card, path)
+    _check_paths(card, path, chain)
     parent_resolved: dict[str, Any] = {}
     if len(chain) > 1:
         for _, _, data in reversed(chain[1:]):
@@ -226,13 +268,35 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
         return data
 
 
-def _check_paths(card: Card, card_path: Path) -> None:
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # pypi:, hf:, tiny:… (2+ letters: not a Windows drive)
+
+
+def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> None:
+    """Resolve the data and model paths against the card's folder (made absolute in the resolved card)."""
+    def where(loc: tuple[str, ...]) -> str:
+        for path, node, _ in chain:
+            line = _line_of(node, loc)
+            if line is not None:
+                return f"{path}:{line}"
+        return str(card_path)
+
     source = card.data.source
     if hasattr(source, "path"):
         resolved = _resolve_relative(source.path, card_path)
+        if resolved.is_dir():
+            raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: {source.path} is a folder, not a "
+                            "data file (name the .jsonl, .json, .csv or .parquet file in it)")
         if not resolved.exists():
-            raise CardError(f"{card_path}: data.source.path: file not found: {source.path} (paths are relative to the card)")
+            raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: file not found: {source.path} "
+                            f"(looked for {resolved}; paths are relative to the card's folder)")
         source.path = str(resolved)
+    model = card.model.source
+    if not _SCHEME.match(model):  # a local model folder or .gguf file
+        resolved = _resolve_relative(model, card_path)
+        if not resolved.exists():
+            raise CardError(f"{where(('model', 'source'))}: model.source: no such file or folder: {model} (looked for "
+                            f"{resolved}; paths are relative to the card's folder)")
+        card.model.source = str(resolved)
 
 
 def dump_yaml(data: dict[str, Any]) -> str:

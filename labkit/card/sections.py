@@ -111,6 +111,8 @@ class TargetFormat(Strict):
     optional_keys: list[str] = Field(default_factory=list, description="json: keys a reference may leave out (a "
                                      "reference without one expects no value for it: a perfect answer still scores 1.0)")
     category_key: str | None = Field(default="category", description="JSON key that holds the category")
+    labels: list[str] | None = Field(
+        default=None, description="kind label: the known label set (default: the labels seen in the training split)")
 
     @model_validator(mode="after")
     def _keys(self) -> "TargetFormat":

@@ -7,12 +7,15 @@ line; a command never prints a traceback for them.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from labkit.card.load import load_card
+from labkit.card.load import dump_yaml, load_card
 from labkit.cli.runner import (
+    check_card,
     load_all,
     notebooks_dir,
     refresh_report,
@@ -22,7 +25,7 @@ from labkit.cli.runner import (
 )
 from labkit.core import io
 from labkit.core import runs as R
-from labkit.errors import LabkitError, UsageError
+from labkit.errors import LabkitError, MissingInput, UsageError
 from labkit.experiment.compare import summary_rows
 from labkit.experiment.final import final
 from labkit.experiment.plan import make_plan
@@ -32,12 +35,23 @@ from labkit.export.reload_check import summary as reload_summary
 
 
 def _root(args: argparse.Namespace, start: Path | None = None) -> Path:
-    """The runs root: --runs, else $LABKIT_RUNS or <project>/runs (from `start`, default the working folder)."""
-    return Path(args.runs).resolve() if getattr(args, "runs", None) else R.runs_root(start)
+    """The runs root: --runs, else $LABKIT_RUNS or <project>/runs (from `start`, default the working folder).
+
+    Raises:
+        UsageError: the root names a file, not a folder.
+    """
+    given = getattr(args, "runs", None)
+    root = Path(given).expanduser().resolve() if given else R.runs_root(start)
+    if root.exists() and not root.is_dir():
+        origin = "--runs" if given else ("$LABKIT_RUNS" if os.environ.get("LABKIT_RUNS") else "the runs folder")
+        raise UsageError(f"{origin} {root}: is a file, not a folder (name the folder that holds registry.jsonl, "
+                         "or a new one)")
+    return root
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, 1 when a stage failed."""
+    """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
+    stage failed on valid input, 2 bad input found inside a stage)."""
     if args.resume:
         if args.cards:
             raise UsageError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
@@ -45,23 +59,68 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if not args.cards:
         raise UsageError("labkit run needs at least one card (or --resume RUN_ID)")
-    cards = load_all(args.cards)  # every card validated before anything is created
+    cards = load_all(args.cards, lambda loaded: _root(args, loaded.path.parent))  # every card checked first
     nb_dir = notebooks_dir(args.notebooks)
-    failed = 0
+    code = 0
     for loaded in cards:
         try:
             run_card(loaded, _root(args, loaded.path.parent), nb_dir)
         except LabkitError as exc:  # report, go on with the next card
-            print(f"labkit: {exc}", file=sys.stderr)
-            failed += 1
-    return 1 if failed else 0
+            print(f"labkit: error: {exc}", file=sys.stderr)
+            code = max(code, exc.exit_code)
+    return code
 
 
 def cmd_stage(args: argparse.Namespace) -> int:
-    """`labkit stage NAME CARD [--run DIR]`: one stage notebook."""
+    """`labkit stage NAME CARD [--run DIR]`: one stage notebook; the run ends completed or failed."""
     loaded = load_card(args.card)
     stage_into(loaded, args.name, args.run, _root(args, loaded.path.parent), notebooks_dir(args.notebooks))
     return 0
+
+
+def _check_data(loaded: Any) -> dict[str, int]:
+    """Stage 01's preparation in memory (model source resolved for its tokenizer): split sizes; writes no run."""
+    from labkit.data.prepare import checked_splits
+    from labkit.model.loading import load_tokenizer
+    from labkit.model.sources import resolve
+
+    card = loaded.card
+    tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
+    derived, _ = checked_splits(card, tokenizer)
+    return {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """`labkit check CARD… [--data]`: every check that needs only the card (parent chain, diff, data section, model
+    source, the experiment's protocol); with --data also stage 01's preparation checks in memory. Writes no run.
+    0 when every card passes, else the worst error's code (2 bad input)."""
+    code = 0
+    for path in args.cards:
+        try:
+            loaded = load_card(path)
+            changes = check_card(loaded, _root(args, loaded.path.parent))
+            sizes = _check_data(loaded) if args.data else None
+        except LabkitError as exc:
+            print(f"labkit: error: {exc}", file=sys.stderr)
+            code = max(code, exc.exit_code)
+            continue
+        print(f"{loaded.path}: ok ({loaded.card.experiment.id}/{loaded.card.experiment.variant}, hash {loaded.hash})")
+        if sizes:
+            print("  data: " + ", ".join(f"{k} {v}" for k, v in sizes.items()) + " rows; every reference and encoding "
+                  "check passes")
+        for parent in loaded.chain[1:]:
+            print(f"  parent: {parent}")
+        if len(loaded.chain) > 1:
+            diff = {k: v["card"] for k, v in loaded.diff.items()}
+            print("  changed against its parent:" + ("" if diff else " nothing"))
+            if diff:
+                print("\n".join("    " + line for line in dump_yaml(diff).splitlines()))
+        if changes:
+            print(f"  protocol: changes {', '.join(changes)} (experiment.protocol_change: "
+                  f"{loaded.card.experiment.protocol_change!r}; flagged not comparable)")
+        else:
+            print("  protocol: follows the experiment's reference run (or is its first)")
+    return code
 
 
 def cmd_invalidate(args: argparse.Namespace) -> int:
@@ -94,7 +153,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs in {root}")
         return 0
     header = ("run", "status", "stage", "updated", "result / error")
-    table = [(f"{r['experiment']}/{r['run_id']}", r.get("status", "?"), r.get("stage", ""), r.get("updated", ""),
+    table = [(f"{r['experiment']}/{r['run_id']}", R.status_label(r), r.get("stage", ""), r.get("updated", ""),
               _result(r["summary"]) if r.get("summary") else (r.get("error") or "")[:70]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     for line in [header, tuple("-" * w for w in widths), *table]:
@@ -105,7 +164,16 @@ def cmd_runs(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
     root = _root(args)
-    index = build_report(root, args.experiment, resamples=args.resamples)
+    if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
+        raise MissingInput(f"no runs of experiment {args.experiment!r} under {root} (see `labkit runs`)")
+    report = root / args.experiment / "_report"
+    existed = report.exists()
+    try:
+        index = build_report(root, args.experiment, resamples=args.resamples)
+    except BaseException:
+        if not existed:  # a failed first report leaves no half-written folder
+            shutil.rmtree(report, ignore_errors=True)
+        raise
     comparison = io.read_json(index.parent / "comparison.json")
     for row in summary_rows(comparison):
         print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
@@ -131,7 +199,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """`labkit plan CARD --days D …`: the rental plan from measured timings."""
-    make_plan(args.card, args.days, args.price_per_hour, Path(args.runs) if getattr(args, "runs", None) else None,
+    make_plan(args.card, args.days, args.price_per_hour, _root(args) if getattr(args, "runs", None) else None,
               speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
               max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation,
               grid=getattr(args, "grid", None), spread=getattr(args, "spread", None),

@@ -84,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "stage (training from its newest checkpoint), in this process")
     run.add_argument("--notebooks", help="folder of the stage notebooks (default: <project>/notebooks)")
     run.set_defaults(func=commands.cmd_run)
+    check = sub.add_parser("check", help="every check that needs only the card: parent, diff, data section, model "
+                           "source, the experiment's protocol (writes nothing; exit 2 on any error)")
+    check.add_argument("cards", nargs="+", help="experiment cards (params/*.yaml)")
+    check.add_argument("--data", action="store_true", help="also prepare the data in memory with the model's "
+                       "tokenizer and run stage 01's checks (references in every split, truncation, EOS); no run")
+    check.set_defaults(func=commands.cmd_check)
     stage = sub.add_parser("stage", help="run one stage notebook of a card")
     stage.add_argument("name", choices=STAGES)
     stage.add_argument("card")

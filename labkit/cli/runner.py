@@ -9,14 +9,17 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from labkit import errors
 from labkit.card.load import LoadedCard, load_card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.protocol import check_protocol
-from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
+from labkit.data.checks import check_card_data
+from labkit.errors import MissingInput, ModelSourceError, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.report import build_report
+from labkit.model.sources import check_source
 
 # papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
 # start fast
@@ -69,8 +72,12 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
         interrupted = exc.ename == "TrainingInterrupted"
         R.record(run, "stage_interrupted" if interrupted else "stage_failed", stage=stage, error=error,
                  cell=exc.exec_count, seconds=round(seconds, 1))
-        raise (StageInterrupted if interrupted else StageFailed)(
-            f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})") from None
+        failure = (StageInterrupted if interrupted else StageFailed)(
+            f"stage {stage} failed at cell [{exc.exec_count}]: {error} (executed notebook: {target})")
+        raised = getattr(errors, exc.ename, None)  # bad input found inside the stage (data, model source): exit 2
+        if isinstance(raised, type) and issubclass(raised, errors.LabkitError):
+            failure.exit_code = raised.exit_code
+        raise failure from None
     return time.monotonic() - start
 
 
@@ -154,10 +161,43 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
     finally:
         beating.set()
     summary = _summary(run)
+    budget = _budget_stop(run)
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
-             summary=summary)
-    log(f"completed in {time.monotonic() - total:.0f} s → {run.dir}")
+             summary=summary, **budget)
+    label = R.status_label({"status": "completed", **budget})
+    log(f"{label} in {time.monotonic() - total:.0f} s → {run.dir}" + (f" ({budget['note']})" if budget else ""))
     refresh_report(run, log)
+
+
+def _budget_stop(run: R.Run) -> dict[str, Any]:
+    """{"stopped_by": "budget", "note"} when training stopped on budget.max_minutes, else {}."""
+    path = run.dir / "training" / "summary.json"
+    summary = io.read_json(path) if path.exists() else {}
+    if not summary.get("budget_exhausted"):
+        return {}
+    return {"stopped_by": "budget", "note": f"training stopped by budget.max_minutes after {summary.get('steps')} "
+                                            "step(s); a checkpoint was written"}
+
+
+def check_card(loaded: LoadedCard, root: Path) -> dict[str, Any]:
+    """Every check that needs only the card, before a run folder exists (`labkit check`, `run` and `stage`).
+
+    Args:
+        loaded: the loaded card.
+        root: the runs root (the experiment's protocol).
+    Returns:
+        the protocol changes against the experiment's reference run (empty when it follows the protocol).
+    Raises:
+        CardError, ModelSourceError: one line naming the file, line, key and the fix.
+    """
+    check_card_data(loaded)
+    model = loaded.card.model
+    try:
+        check_source(model.source, model.revision)
+    except ModelSourceError as exc:
+        key = "model.revision" if str(exc).startswith("model.revision") else "model.source"
+        raise ModelSourceError(f"{loaded.where(key)}: {exc}") from None
+    return check_protocol(loaded.resolved, root, str(loaded.path))
 
 
 def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> None:
@@ -190,7 +230,7 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
         StageFailed: a stage failed (the run is recorded as failed).
         KeyboardInterrupt: interrupted (the run is recorded as interrupted).
     """
-    check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+    check_card(loaded, root)  # before anything is created
     run = R.new_run(loaded, root, mode="batch")
     io.write_json(run.dir / "env.json", capture())
     log(f"run {run.experiment}/{run.run_id}")
@@ -212,13 +252,13 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     """
     run = R.find_run(run_id, root)
     status = run.status()
-    if status["status"] in {"completed", "invalid"}:
+    done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
+    todo = tuple(s for s in R.STAGES if s not in done)
+    if status["status"] == "invalid" or not todo:
         raise RunStateError(f"{run.run_id} is {status['status']}: nothing to resume")
     if status["status"] == "running":
         if not is_dead(run.dir, status):
             raise RunStateError(f"{run.run_id} is still running (pid {status.get('pid')}); stop it first")
-    done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
-    todo = tuple(s for s in R.STAGES if s not in done)
     R.record(run, "resumed", status="running", from_stage=todo[0], pid=os.getpid())
     R.set_owner(run, os.getpid())
     io.write_json(run.dir / f"env.resumed-{io.utc_now().replace(':', '')}.json", capture())  # the machine may differ
@@ -227,13 +267,24 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     return run
 
 
-def load_all(paths: list[str]) -> list[LoadedCard]:
-    """Validate every card before any run starts (a bad card creates no run folder)."""
-    return [load_card(p) for p in paths]
+def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[LoadedCard]:
+    """Load and check every card before any run starts (a bad card creates no run folder).
+
+    Args:
+        paths: the card files.
+        root: the runs root of a loaded card.
+    Returns:
+        the loaded cards.
+    """
+    cards = [load_card(p) for p in paths]
+    for loaded in cards:
+        check_card(loaded, root(loaded))
+    return cards
 
 
 def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path) -> R.Run:
-    """Run one stage of a card, into an existing run folder or a new one.
+    """Run one stage of a card, into an existing run folder or a new one; the run then ends `completed` (this stage
+    done) or `failed` with its error, never left `running`.
 
     Returns:
         the Run.
@@ -242,12 +293,36 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         run = R.Run(Path(run_dir).resolve())
         if not run.status_path.exists():
             raise MissingInput(f"{run_dir}: not a run folder (no status.json)")
-        if run.status().get("card_hash") != loaded.hash:
-            raise RunStateError(f"{run_dir} was made from another card (hash {run.status().get('card_hash')} ≠ {loaded.hash})")
+        status = run.status()
+        if status.get("card_hash") != loaded.hash:
+            raise RunStateError(f"{run_dir} was made from another card (hash {status.get('card_hash')} ≠ {loaded.hash})")
+        if status.get("status") == "running" and not is_dead(run.dir, status):
+            raise RunStateError(f"{run_dir} is running (pid {status.get('pid')}); wait for it or stop it first")
+        check_card(loaded, root)
+        R.record(run, "resumed", status="running", from_stage=stage, pid=os.getpid())
+        R.set_owner(run, os.getpid())
     else:
-        check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+        check_card(loaded, root)  # before anything is created
         run = R.new_run(loaded, root, mode="batch")
         io.write_json(run.dir / "env.json", capture())
-    seconds = execute_stage(run, stage, nb_dir)
-    print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir}", file=sys.stderr)
+    beating = start_heartbeat(run.dir)
+    try:
+        seconds = execute_stage(run, stage, nb_dir)
+    except StageInterrupted as exc:
+        R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc))
+        raise
+    except StageFailed as exc:
+        R.record(run, "failed", status="failed", stage=stage, error=str(exc))
+        raise
+    except BaseException as exc:  # Ctrl-C, the kernel died, papermill broke: still recorded
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        R.record(run, "interrupted" if interrupted else "failed", status="interrupted" if interrupted else "failed",
+                 stage=stage, error=f"{type(exc).__name__}: {exc}"[:500])
+        raise
+    finally:
+        beating.set()
+    budget = _budget_stop(run) if stage == "training" else {}
+    R.record(run, "completed", status="completed", stage=stage, seconds=round(seconds, 1), **budget)
+    label = R.status_label({"status": "completed", **budget})
+    print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir} ({label})", file=sys.stderr)
     return run

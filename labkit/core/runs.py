@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,7 +21,7 @@ from typing import Any
 from labkit.card.load import LoadedCard, dump_yaml
 from labkit.core.heartbeat import is_dead
 from labkit.core.io import read_json, utc_now, write_atomic, write_json
-from labkit.errors import MissingInput
+from labkit.errors import MissingInput, RegistryCorrupt
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -159,22 +160,56 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
     return line
 
 
-def read_registry(root: Path) -> list[dict[str, Any]]:
-    """All registry events under a runs root (a torn last line is skipped)."""
+_REPORTED: set[tuple[str, int]] = set()  # corrupt registry lines already reported by this process
+
+
+def read_registry(root: Path, strict: bool = False) -> list[dict[str, Any]]:
+    """All registry events under a runs root.
+
+    A line that is not a JSON event is never dropped silently: it is reported on stderr once per process with its
+    line number (`strict`: raised), and the registry file is left as it is.
+
+    Args:
+        root: the runs root.
+        strict: raise RegistryCorrupt instead of reporting (commands whose decision a lost event could change).
+    Returns:
+        the events, oldest first.
+    """
     path = root / "registry.jsonl"
     if not path.exists():
         return []
-    events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
+    events, bad = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
             continue
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError as exc:
+            bad.append((number, f"not valid JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        if not isinstance(event, dict) or not {"run_id", "time"} <= set(event):
+            bad.append((number, "not a registry event (no run_id or time)"))
+            continue
+        events.append(event)
+    for number, why in bad:
+        message = (f"{path}:{number}: {why}; the line is ignored (labkit never rewrites the registry: restore the "
+                   "line from a backup, or remove it)")
+        if strict:
+            raise RegistryCorrupt(message)
+        if (str(path), number) not in _REPORTED:
+            _REPORTED.add((str(path), number))
+            print(f"labkit: warning: {message}", file=sys.stderr)
     return events
 
 
+def status_label(row: dict[str, Any]) -> str:
+    """The status as shown: `completed (budget)` for a run that training stopped on budget.max_minutes."""
+    status = str(row.get("status", "?"))
+    return f"{status} (budget)" if status == "completed" and row.get("stopped_by") == "budget" else status
+
+
 def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold registry events into one row per run (its latest status, last stage, error)."""
+    """Fold registry events into one row per run (its latest status, last stage, error, `stopped_by`)."""
     runs: dict[str, dict[str, Any]] = {}
     for event in events:
         row = runs.setdefault(event["run_id"], {"run_id": event["run_id"], "experiment": event.get("experiment"),
@@ -188,8 +223,12 @@ def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["error"] = event["error"]
         if event.get("event") == "resumed":
             row["error"] = ""
+            row.pop("stopped_by", None)
         if event.get("event") == "invalidated":
             row["error"] = f"invalid: {event.get('why')}"
+        if event.get("stopped_by"):
+            row["stopped_by"] = event["stopped_by"]
+            row["error"] = f"{status_label(row)}: {event.get('note') or 'stopped by the time budget'}"
         if "summary" in event:
             row["summary"] = event["summary"]
     return list(runs.values())

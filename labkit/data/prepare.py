@@ -5,6 +5,9 @@ Writes (atomically, so a failure leaves nothing half-written):
   preprocessing/leakage.json              duplicate pairs within/across splits
   data_manifest.json                      hashes, rules, counts: the data version
 
+Before anything is written, every split's references are checked against `data.target_format`, and stage 02's
+encoding checks (truncation, loss positions, EOS) run on train and validation (`labkit.data.checks`).
+
 The test split's rows are not kept anywhere: the manifest holds its size and sha256, and only
 `labkit final` (labkit.experiment.final.open_test_split) re-derives them from the card's source with the same
 pipeline (`derive_splits`) and checks them against that hash.
@@ -24,6 +27,7 @@ from labkit.core.io import read_json, write_atomic, write_json
 from labkit.core.runs import Run
 from labkit.data import leakage
 from labkit.data import sources as D
+from labkit.data.checks import check_references, raise_on_failed, run_checks
 from labkit.data.pairs import preference_manifest
 from labkit.data.prompting import encode_example, encode_rows
 from labkit.errors import LeakageError, MissingInput, SplitLocked, UsageError
@@ -82,6 +86,7 @@ class DerivedSplits:
         planted: what the built-in dataset planted on purpose (None for other sources).
         cleaning: one report per cleaning rule (removed ids, changed rows).
         leakage: the leakage report (pairs, summary, dropped ids).
+        references: rows whose reference was checked against data.target_format, per split (counts only).
     """
 
     splits: dict[str, list[dict[str, Any]]]
@@ -90,6 +95,7 @@ class DerivedSplits:
     planted: dict[str, Any] | None
     cleaning: list[dict[str, Any]]
     leakage: dict[str, Any]
+    references: dict[str, int]
 
 
 def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
@@ -104,10 +110,12 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
     Returns:
         the DerivedSplits.
     Raises:
-        DataError: bad data (one line naming the row or key); LeakageError under the `fail` policy.
+        DataError: bad data, a bad reference in any split (one line naming the file, line, row id and the fix);
+            LeakageError under the `fail` policy.
     """
     raw, identity = D.load_source(card)
-    rows = D.map_fields(card, raw)
+    where: dict[str, str] = {}
+    rows = D.map_fields(card, raw, where)
     lengths: dict[str, int] = {}
 
     def token_length(row: dict[str, Any]) -> int:  # a preference pair is as long as its longer answer
@@ -118,10 +126,32 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
 
     rows, cleaning = D.apply_cleaning(card, rows, token_length)
     splits = D.split_rows(card, rows)
+    references = check_references(card, splits, where)  # every split, before anything is evaluated
     leak_report, _ = _apply_leakage(card, splits)
     planted = identity.pop("planted", None)
     return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
-                         leakage=leak_report)
+                         leakage=leak_report, references=references)
+
+
+def checked_splits(card: Card, tokenizer: Any) -> tuple[DerivedSplits, dict[str, list[Any]]]:
+    """The splits with every check that needs only the data and the tokenizer passed; writes nothing.
+
+    The references of every split are checked by `derive_splits`; then stage 02's encoding checks (truncation,
+    loss positions, EOS) run on train and validation, so that they fail here, with stage 02's message, before
+    the baseline spends compute. `prepare` and `labkit check --data` call it.
+
+    Args:
+        card: the card.
+        tokenizer: the model's tokenizer.
+    Returns:
+        (the DerivedSplits, the encodings of train and validation).
+    Raises:
+        DataError: bad data or a bad reference; PreprocessingCheckFailed: an encoding check failed.
+    """
+    derived = derive_splits(card, tokenizer)
+    encoded, checks = run_checks(tokenizer, card, {n: rows for n, rows in derived.splits.items() if n != "test"})
+    raise_on_failed(checks)
+    return derived, encoded
 
 
 def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
@@ -141,10 +171,12 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
     manifest_path = run.dir / "data_manifest.json"
     if manifest_path.exists():
         return read_json(manifest_path)
-    derived = derive_splits(card, tokenizer)
+    derived, encoded = checked_splits(card, tokenizer)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
-    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows_)])
-                 for name, rows_ in splits.items() if name != "test"}
+    if card.train.trainer != "sft":  # run_checks encoded preference pairs; the data version hashes the chosen answers
+        encoded = {name: encode_rows(tokenizer, card, splits[name]) for name in encoded}
+    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encs])
+                 for name, encs in encoded.items()}
     split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
     version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
     manifest = {
@@ -157,6 +189,7 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
         "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
                   "sha256": split_hashes},
         "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
+        "references": {"kind": card.data.target_format.kind, "checked": derived.references},
         "tokenizer": _tokenizer_identity(tokenizer, model_revision),
         "tokenised_sha256": tokenised,
         "prompt": card.data.prompt.model_dump(),

@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 from labkit.card.schema import Card
 from labkit.card.sections import PathSource
+from labkit.core import hub
 from labkit.data.tickets import generate_tickets
 from labkit.errors import DataError
 
-# datasets takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
+# datasets takes seconds to import: imported inside the functions that use it, so `labkit` commands start fast
 
 SPLITS = ("train", "validation", "test")
 
@@ -49,10 +49,23 @@ def rows_hash(rows: list[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- loading
+def _utf8(path: Path, raw: bytes, offset: int = 0, line: int | None = None) -> str:
+    """Decode bytes read from a data file; bytes that are not UTF-8 are one line naming the file, line and offset."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = line if line is not None else raw[:exc.start].count(b"\n") + 1
+        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {offset + exc.start}); "
+                        "save the file as UTF-8") from None
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            line = _utf8(path, raw, offset, number)
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -66,15 +79,14 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _read_with_datasets(kind: str, **kwargs: Any) -> list[dict[str, Any]]:
+def _read_with_datasets(kind: str, where: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     import datasets
-
     datasets.disable_progress_bars()
     try:
         dataset = datasets.load_dataset(kind, **kwargs)
     except Exception as exc:  # noqa: BLE001
-        where = kwargs.get("data_files") or kind
-        raise DataError(f"{where}: could not be read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise DataError(f"{where or kwargs.get('data_files') or kind}: could not be read ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0]})") from None
     finally:
         datasets.enable_progress_bars()
     return [dict(row) for row in dataset]
@@ -93,24 +105,28 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         path = Path(source.path)
         kind = source.format if source.format != "auto" else path.suffix.lstrip(".").lower()
         identity = {"kind": "file", "path": str(path), "sha256": file_sha256(path), "format": kind}
+        if kind not in {"jsonl", "json", "csv", "parquet"}:
+            raise DataError(f"{path}: unknown data format {kind!r} (use .jsonl, .json, .csv or .parquet, or data.source.format)")
+        text = _utf8(path, path.read_bytes()) if kind in {"json", "csv"} else ""
         if kind == "jsonl":
             rows = _read_jsonl(path)
         elif kind == "json":
             try:
-                rows = json.loads(path.read_text(encoding="utf-8"))
+                rows = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(rows, list):
+            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
                 raise DataError(f"{path}: expected a JSON list of objects (or use .jsonl)")
-        elif kind in {"csv", "parquet"}:
-            rows = _read_with_datasets(kind, data_files=str(path), split="train")
         else:
-            raise DataError(f"{path}: unknown data format {kind!r} (use .jsonl, .json, .csv or .parquet, or data.source.format)")
-        for number, row in enumerate(rows, 1):
-            row.setdefault("__where__", f"{path}: row {number}")
+            rows = _read_with_datasets(kind, data_files=str(path), split="train")
+        for number, row in enumerate(rows, 1):  # a CSV's line 1 is its header
+            row.setdefault("__where__", f"{path}:{number + 1}" if kind == "csv" else f"{path}: row {number}")
         return rows, identity
     if hasattr(source, "hf"):
-        rows = _read_with_datasets(source.hf, name=source.config, revision=source.revision, split=source.split)
+        hub.check_pin("data.source.revision", source.revision, DataError)
+        hub.check_reachable("dataset", source.hf, source.revision, DataError, "data.source.hf")
+        where = f"data.source.hf: hf:{source.hf}@{source.revision[:12]}…" + (" (HF_HUB_OFFLINE=1)" if hub.offline() else "")
+        rows = _read_with_datasets(source.hf, where, name=source.config, revision=source.revision, split=source.split)
         for number, row in enumerate(rows, 1):
             row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
@@ -143,10 +159,14 @@ def _same_answer(a: str, b: str) -> bool:
         return False
 
 
-def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def map_fields(card: Card, raw: list[dict[str, Any]], origins: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Map raw columns to {"id", "input", "target", "category"} following data.fields (and "rejected"
     when data.fields.rejected names the rejected answer of a preference pair).
 
+    Args:
+        card: the card (data.fields, data.split.field).
+        raw: the source's rows.
+        origins: filled with row id -> `file:line` (or `source row N`) when given.
     Raises:
         DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
             naming the row and the card key.
@@ -188,6 +208,8 @@ def map_fields(card: Card, raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if row_id in seen:
             raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")
         seen.add(row_id)
+        if origins is not None:
+            origins[row_id] = where
         out.append({"id": row_id, **mapped})
     return out
 
@@ -302,8 +324,7 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
     for key in sorted(strata):
         members = sorted(strata[key], key=lambda r: sha256_text(f"{spec.seed}:{r['id']}"))
         n = len(members)
-        n_val = round(n * spec.validation)
-        n_test = round(n * spec.test)
+        n_val, n_test = round(n * spec.validation), round(n * spec.test)
         if n >= 3:
             n_val = max(n_val, 1)
             n_test = max(n_test, 1) if spec.test > 0 else 0

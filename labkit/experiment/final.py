@@ -3,7 +3,8 @@
 The test rows are never written by `prepare`: the run keeps only their count and sha256
 (data_manifest.json, split.sha256.test). `open_test_split` re-derives them from the card's source with
 the same pipeline and checks that hash; it is the only function in labkit that yields test rows.
-`final` records the opening in the registry before any test data is read, then evaluates the base
+`final` re-validates the test rows (references and hash; nothing of them is shown or kept) and records the
+opening in the registry before any test row is used, then evaluates the base
 model and the run's tuned model on the test rows with the validation procedure, and writes
 `<run>/final/`. A second opening of the same experiment (by any of its runs) is refused unless it is
 asked for with `--reopen --why "..."`, and is then recorded with its reason.
@@ -60,7 +61,20 @@ def _manifest(run: R.Run) -> dict[str, Any]:
     return io.read_json(path)
 
 
-def open_test_split(run: R.Run, tokenizer: Any, card: Any = None) -> list[dict[str, Any]]:
+def check_test_split(run: R.Run, tokenizer: Any, card: Any) -> dict[str, int]:
+    """Re-validate the test split before its opening is recorded: every reference against the card's
+    target_format, and the rows against the manifest's sha256. Nothing of the rows leaves this function.
+
+    Returns:
+        rows checked per split (counts only).
+    Raises:
+        DataError: a bad reference (file, line, row id, fix) or changed data; the opening is not spent.
+    """
+    rows = open_test_split(run, tokenizer, card, _checked=True)
+    return {"test": len(rows)}
+
+
+def open_test_split(run: R.Run, tokenizer: Any, card: Any = None, _checked: bool = False) -> list[dict[str, Any]]:
     """Re-derive a run's test rows from its card's source and check them against the run's manifest.
 
     The only function in labkit that yields test rows; `labkit final` calls it after recording the opening.
@@ -80,29 +94,34 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None) -> list[dict[s
         raise DataError(f"{run.dir / 'data_manifest.json'}: no split.sha256.test (prepared by an older labkit?); "
                         "the test rows cannot be checked: start a new run")
     card = card if card is not None else load_card(run.card_path).card
-    rows = derive_splits(card, tokenizer).splits["test"]
+    note = " (the test split was not opened: nothing is recorded)" if _checked else ""
+    try:
+        rows = derive_splits(card, tokenizer).splits["test"]
+    except DataError as exc:
+        raise DataError(f"{exc}{note}") from None
     got = split_sha256(rows)
     if got != expected:
         recorded = manifest["split"].get("sizes", {}).get("test", "?")
         raise DataError(f"{run.dir / 'data_manifest.json'}: split.sha256.test is {expected[:12]}… ({recorded} rows) but the "
                         f"card's source now gives {got[:12]}… ({len(rows)} rows): the data changed since the run; restore "
-                        "the data it used (see the manifest's source) or start a new run on the current data")
+                        f"the data it used (see the manifest's source) or start a new run on the current data{note}")
     return rows
 
 
-def openings(root: Path, experiment: str) -> list[dict[str, Any]]:
+def openings(root: Path, experiment: str, strict: bool = False) -> list[dict[str, Any]]:
     """Every opening of an experiment's test split, from the registry, oldest first.
 
     Args:
         root: the runs root (holds registry.jsonl).
         experiment: the experiment id.
+        strict: a corrupt registry line is an error (it might hide an opening), not a warning.
     Returns:
         one dict per opening: {"opening", "run_id", "variant", "who", "when", "reopen", "why", "outcome"
         ("evaluated" | "failed" | "incomplete"), "confirmed", "verdict", "problem"}.
     """
     out: list[dict[str, Any]] = []
     by_key: dict[tuple[str, Any], dict[str, Any]] = {}
-    for event in R.read_registry(Path(root)):
+    for event in R.read_registry(Path(root), strict=strict):
         if event.get("experiment") != experiment:
             continue
         kind = event.get("event")
@@ -135,8 +154,12 @@ def _experiment_lock(run: R.Run) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _check_run(run: R.Run, loaded: Any, manifest: dict[str, Any]) -> None:
-    """Refuse, before anything is recorded, a run that cannot give a meaningful test measurement."""
+def _check_run(run: R.Run, loaded: Any) -> dict[str, Any]:
+    """Refuse, before anything is recorded, a run that cannot give a meaningful test measurement.
+
+    Returns:
+        the run's data manifest.
+    """
     state = run.status()
     status = state.get("status")
     if status != "completed":
@@ -145,6 +168,11 @@ def _check_run(run: R.Run, loaded: Any, manifest: dict[str, Any]) -> None:
                 "invalid": f"it was invalidated ({state.get('invalid_reason')})",
                 "running": "wait until it completes"}.get(status, "see `labkit runs`")
         raise RunStateError(f"{run.experiment}/{run.run_id} is {status}: only a completed run may open the test split ({hint})")
+    undone = [s for s in R.STAGES if state.get("stages", {}).get(s, {}).get("status") != "done"]
+    if undone:
+        raise RunStateError(f"{run.experiment}/{run.run_id} has not run stage {undone[0]}: only a run with every stage "
+                            "done may open the test split (finish it with `labkit run --resume RUN_ID`)")
+    manifest = _manifest(run)
     if state.get("card_hash") != loaded.hash:
         raise RunStateError(f"{run.card_path} was changed since the run (hash {loaded.hash} ≠ {state.get('card_hash')} in "
                          "status.json): restore the archived card, or run the changed card as a new run")
@@ -162,6 +190,7 @@ def _check_run(run: R.Run, loaded: Any, manifest: dict[str, Any]) -> None:
         if sha != source.get("sha256"):
             raise DataError(f"{path}: the data file changed since the run (sha256 {sha[:12]}… ≠ "
                             f"{str(source.get('sha256'))[:12]}… in data_manifest.json): restore it or start a new run")
+    return manifest
 
 
 def _refuse_second_opening(run: R.Run, previous: list[dict[str, Any]], reopen: bool) -> None:
@@ -224,20 +253,23 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
     if reopen and not why:
         raise UsageError("--reopen needs --why \"the reason\" (it is recorded with the reopening)")
     loaded = load_card(run.card_path)
-    manifest = _manifest(run)
-    _check_run(run, loaded, manifest)
+    manifest = _check_run(run, loaded)
     who = _who()
     with _experiment_lock(run):
-        previous = openings(run.root, run.experiment)
+        previous = openings(run.root, run.experiment, strict=True)
         _refuse_second_opening(run, previous, reopen)
         stage = Stage("final", loaded, run, interactive=False)  # the stages' own model and tokenizer loading
-        revision, used = stage.model_source.revision, manifest["tokenizer"]["model_revision"]
-        if revision != used:
+        try:
+            revision, used = stage.model_source.revision, manifest["tokenizer"]["model_revision"]
+            if revision != used:
+                raise RunStateError(f"{loaded.card.model.source}: resolves to revision {revision[:16]}… but the run "
+                                    f"used {used[:16]}… (data_manifest.json tokenizer.model_revision): the base model "
+                                    "changed since the run; restore it or start a new run")
+            check_test_split(run, stage.tokenizer, loaded.card)  # a bad reference never spends the opening
+        except BaseException:
             with contextlib.suppress(OSError):
                 stage.out.rmdir()  # only if empty: nothing of an earlier opening is touched
-            raise RunStateError(f"{loaded.card.model.source}: resolves to revision {revision[:16]}… but the run used "
-                             f"{used[:16]}… (data_manifest.json tokenizer.model_revision): the base model changed "
-                             "since the run; restore it or start a new run")
+            raise
         number = len(previous) + 1
         opened = R.record(run, "test_opened", who=who, reopen=bool(previous), why=why, opening=number,
                           test_rows=manifest["split"]["sizes"]["test"])

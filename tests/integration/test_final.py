@@ -174,11 +174,10 @@ def test_changed_data_is_refused(copy_run) -> None:
     message = str(caught.value)
     assert "\n" not in message and str(path) in message
     assert "split.sha256.test is 000000000000" in message and "the data changed since the run" in message
-    assert "recorded as opening 1" in message  # the attempt read test data: it stays on the record
-    assert not (run.dir / "final" / "tuned_predictions.jsonl").exists()
-    assert [e["event"] for e in _events(run, "test_opened", "test_open_failed", "test_evaluated")] == [
-        "test_opened", "test_open_failed"]
-    assert F.openings(run.root, "smoke")[0]["outcome"] == "failed"
+    assert message.endswith("(the test split was not opened: nothing is recorded)")  # re-validated before recording
+    assert not (run.dir / "final").exists()
+    assert not _events(run, "test_opened", "test_open_failed", "test_evaluated")
+    assert F.openings(run.root, "smoke") == []  # the opening is not spent
 
     run = copy_run("edited")
     card = yaml.safe_load(run.card_path.read_text())

@@ -118,7 +118,7 @@ def test_failing_stage_is_recorded(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(card))
     runs = tmp_path / "runs"
     proc = labkit("run", str(path), runs=runs)
-    assert proc.returncode == 1
+    assert proc.returncode == 2  # bad data found inside stage 01: still bad input (docs/deciding.md, exit codes)
     assert f"{data}:2: not valid JSON" in proc.stderr
     (run,) = list((runs / "smoke").iterdir())
     status = json.loads((run / "status.json").read_text())

@@ -17,7 +17,8 @@ def test_parse_pypi() -> None:
 
 
 def test_parse_hf_needs_revision() -> None:
-    assert parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct@12fd25f")["rev"] == "12fd25f"
+    commit = "12fd25f77366fa6b3b4b768ec3050bf629380bac"
+    assert parse_source(f"hf:HuggingFaceTB/SmolLM2-135M-Instruct@{commit}")["rev"] == commit
     with pytest.raises(ModelSourceError, match="pin the exact commit"):
         parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct")
 

@@ -72,8 +72,8 @@ def test_largest_micro_batch_is_the_boundary(eight_b) -> None:
 
 def test_a_hub_model_without_a_config_offline_is_one_line(tmp_path) -> None:
     card = load_card(EXAMPLE).card
-    card.model.source = "hf:someone/never-downloaded@0123abc"
-    with pytest.raises(ModelSourceError, match=r"^hf:someone/never-downloaded@0123abc: no config offline; save the "
+    card.model.source = "hf:someone/never-downloaded@0123456789abcdef0123456789abcdef01234567"
+    with pytest.raises(ModelSourceError, match=r"^hf:someone/never-downloaded@0123456789abcdef0123456789abcdef01234567: no config offline; save the "
                        r"model's config.json as .*configs/someone--never-downloaded.json or pass --config PATH$"):
         estimate_config(card, tmp_path / "card.yaml")
 

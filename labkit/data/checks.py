@@ -1,0 +1,146 @@
+"""Checks of a card's data section, and checks on prepared data that need only the data and the tokenizer, run by
+stage 01 before any compute.
+
+`check_card_data` needs the card only (split fractions, stratification, hub pins): `labkit check` and `labkit run`
+run it before a run folder exists. On the prepared rows:
+  * references (`check_references`): every row's reference answer, in every split (the test split too, by
+    validity only: its content is never shown or recorded), against the card's `data.target_format`;
+  * encodings (`run_checks`, `raise_on_failed`): every example encoded as training encodes it, checked for
+    loss positions, a trained EOS, the prompt-prefix property and truncation. Stage 02 shows the same checks;
+    stage 01 runs them first, so a truncation fails before the baseline spends compute, with the same message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from labkit.card.load import LoadedCard
+from labkit.card.schema import Card
+from labkit.core import hub
+from labkit.data.pairs import check_pairs, encode_pairs
+from labkit.data.prompting import Encoded, check_encoded, encode_rows
+from labkit.errors import CardError, DataError, PreprocessingCheckFailed
+
+MIN_TRAIN_FRACTION = 0.2  # validation + test may take at most 80 % of the rows
+
+
+def check_card_data(loaded: LoadedCard) -> None:
+    """The checks of the data section that need only the card.
+
+    Args:
+        loaded: the loaded card (its `where` names the line of a key).
+    Raises:
+        CardError: one line naming the file, line, key and the fix.
+    """
+    data = loaded.card.data
+    spec, fields, fmt = data.split, data.fields, data.target_format
+    if not spec.field:
+        left = 1 - spec.validation - spec.test
+        if left < MIN_TRAIN_FRACTION - 1e-9:
+            raise CardError(f"{loaded.where('data.split.validation')}: data.split: validation {spec.validation} + test "
+                            f"{spec.test} leave {left:.2f} of the rows for training (at least {MIN_TRAIN_FRACTION} "
+                            "needed); lower data.split.validation or data.split.test")
+        if spec.stratify is not None and spec.stratify != "category":
+            raise CardError(f"{loaded.where('data.split.stratify')}: data.split.stratify: {spec.stratify!r} is not a "
+                            "mapped field: use 'category' (the column data.fields.category maps) or null")
+        if spec.stratify == "category" and not fields.category:
+            raise CardError(f"{loaded.where('data.split.stratify')}: data.split.stratify: 'category' but "
+                            "data.fields.category is null (nothing to stratify by): map a category column or set "
+                            "stratify: null")
+    if hasattr(data.source, "hf"):
+        hub.check_pin("data.source.revision", data.source.revision, CardError, loaded.where("data.source.revision"))
+    if fmt.labels is not None and fmt.kind != "label":
+        raise CardError(f"{loaded.where('data.target_format.labels')}: data.target_format.labels: only for kind: label "
+                        f"(this card's kind is {fmt.kind}); remove it")
+    if fmt.labels is not None and not fmt.labels:
+        raise CardError(f"{loaded.where('data.target_format.labels')}: data.target_format.labels: empty; list the "
+                        "labels, or remove the key to use the labels seen in the training split")
+
+
+def _problem(card: Card, row: dict[str, Any], labels: set[str] | None) -> str | None:
+    """What is wrong with one row's reference under the card's target format (None when it is fine)."""
+    spec, fields = card.data.target_format, card.data.fields
+    target = row["target"]
+    if spec.kind == "label":
+        if labels is not None and target.strip() not in labels:
+            known = ", ".join(sorted(labels)[:8]) + (" …" if len(labels) > 8 else "")
+            return (f"reference label is not in the known label set ({known}); fix the {fields.target!r} value, or "
+                    "list the label in data.target_format.labels")
+        return None
+    if spec.kind != "json":
+        return None
+    try:
+        value = json.loads(target)
+    except json.JSONDecodeError:
+        return (f"reference is not JSON (data.target_format.kind is json); fix the {fields.target!r} value or "
+                "remove the row")
+    if not isinstance(value, dict):
+        return (f"reference is a JSON {type(value).__name__}, not a JSON object (data.target_format.kind is json); fix "
+                f"the {fields.target!r} value or remove the row")
+    missing = [k for k in spec.required_keys if k not in value]
+    if missing:
+        return (f"reference lacks required key(s) {', '.join(map(repr, missing))} (data.target_format.required_keys); "
+                f"add them to the {fields.target!r} value or remove the row")
+    key = spec.category_key
+    if fields.category and key and key in value and row.get("category") is not None \
+            and str(value[key]) != str(row["category"]):
+        return (f"the {fields.category!r} column (data.fields.category) disagrees with {key!r} inside the reference "
+                f"(data.target_format.category_key); make them agree or remove the row")
+    return None
+
+
+def check_references(card: Card, splits: dict[str, list[dict[str, Any]]], where: dict[str, str]) -> dict[str, int]:
+    """Check every reference answer of every split against `data.target_format`.
+
+    Args:
+        card: the card (data.target_format, data.fields).
+        splits: {"train", "validation", "test"} -> rows.
+        where: row id -> `file:line` (or `source row N`) it was read from.
+    Returns:
+        rows checked per split (counts only: nothing of the test rows is kept).
+    Raises:
+        DataError: one line naming the file, line, row id, split and the fix (never the test row's content).
+    """
+    spec = card.data.target_format
+    labels: set[str] | None = None
+    if spec.kind == "label":
+        labels = set(spec.labels) if spec.labels is not None else {r["target"].strip() for r in splits.get("train", [])}
+    for name, rows in splits.items():
+        for row in rows:
+            problem = _problem(card, row, labels)
+            if problem:
+                origin = where.get(row["id"], "data.source")
+                raise DataError(f"{origin}: row id {row['id']!r} ({name} split): {problem}")
+    return {name: len(rows) for name, rows in splits.items()}
+
+
+def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
+    """Encode every split as training does and run the template/mask checks on each.
+
+    For dpo/orpo cards every row is a preference pair (`labkit.data.pairs.EncodedPair`): both sequences
+    are checked, and the two answers must differ.
+
+    Returns:
+        (encodings per split, check rows with split, check, ok, failed_ids, explanation).
+    """
+    encode, check_all = encode_rows, check_encoded
+    if card.train.trainer != "sft":
+        encode, check_all = encode_pairs, check_pairs
+    encoded = {name: encode(tokenizer, card, rows) for name, rows in splits.items()}
+    checks = []
+    for name, rows in splits.items():
+        for check in check_all(tokenizer, rows, encoded[name]):
+            checks.append({"split": name, **check, "failed": len(check["failed_ids"]),
+                           "failed_ids": check["failed_ids"][:20]})
+    return encoded, checks
+
+
+def raise_on_failed(checks: list[dict[str, Any]]) -> None:
+    """Stop the stage when a check failed, naming the check and the offending rows."""
+    failed = [c for c in checks if not c["ok"]]
+    if failed:
+        lines = [f"{c['split']}: {c['check']} — "
+                 + (f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: " if c["failed_ids"] else "")
+                 + c["explanation"] for c in failed]
+        raise PreprocessingCheckFailed(" | ".join(lines))

@@ -1,0 +1,73 @@
+"""Issue 13 through the real stage notebooks: bad data fails stage 01 before the baseline, a stage run alone ends
+completed or failed (never left running), exit codes agree across commands, the budget stop is a visible status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from conftest import REPO, labkit
+
+from labkit.core import io
+
+
+def _bad_card(tmp_path: Path) -> Path:
+    """The smoke card on a data file whose validation split holds a reference that is not JSON."""
+    rows = []
+    for i in range(40):
+        cat = ("billing", "login", "shipping", "refund")[i % 4]
+        split = "train" if i < 24 else "validation" if i < 32 else "test"
+        rows.append({"id": f"r{i:03d}", "text": f"ticket {i} about {cat}", "category": cat, "split": split,
+                     "answer": json.dumps({"category": cat, "priority": "low", "product": "P"})})
+    rows[25]["answer"] = "login, low, P"
+    (tmp_path / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "bad.yaml"
+    raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    raw["experiment"]["id"] = "bad-data"
+    raw["data"].update(source={"path": "data.jsonl"}, split={"field": "split"})
+    card.write_text(yaml.safe_dump(raw))
+    return card
+
+
+def _status(runs: Path, experiment: str) -> dict:
+    (run,) = [p for p in (runs / experiment).iterdir() if not p.name.startswith("_")]
+    return io.read_json(run / "status.json") | {"dir": run}
+
+
+def test_item1_bad_reference_fails_stage_01_before_the_baseline_and_item3_statuses(tmp_path: Path) -> None:
+    card = _bad_card(tmp_path)
+    runs = tmp_path / "runs"
+    proc = labkit("stage", "baseline", str(card), runs=runs)
+    assert proc.returncode == 2, proc.stderr  # bad input found inside the stage: 2, as for `labkit run`
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("labkit: error:")]
+    assert f"DataError: {tmp_path / 'data.jsonl'}:26: row id 'r025' (validation split): reference is not JSON" in line
+    status = _status(runs, "bad-data")
+    assert status["status"] == "failed" and "row id 'r025'" in status["error"]  # not left `running`
+    assert not (status["dir"] / "baseline" / "baseline_predictions.jsonl").exists()  # nothing evaluated
+    assert not (status["dir"] / "data_manifest.json").exists()
+    listed = labkit("runs", runs=runs)
+    assert "interrupted" not in listed.stdout + listed.stderr and "failed" in listed.stdout
+    again = labkit("run", str(card), runs=tmp_path / "runs2")
+    assert again.returncode == 2, again.stderr  # the same exit code from `labkit run`
+
+
+def test_item3_stage_alone_ends_completed(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = labkit("stage", "baseline", "params/smoke.yaml", runs=runs)
+    assert proc.returncode == 0, proc.stderr
+    assert _status(runs, "smoke")["status"] == "completed"
+    assert "(completed)" in proc.stderr
+    listed = labkit("runs", runs=runs).stdout
+    assert "completed" in listed and "interrupted" not in listed
+
+
+def test_item3_budget_stop_is_visible_in_the_cli(tmp_path: Path) -> None:
+    card = tmp_path / "budget.yaml"
+    card.write_text(yaml.safe_dump({"parent": str(REPO / "params" / "smoke.yaml"), "experiment": {"variant": "budget"},
+                                    "budget": {"max_minutes": 0.0001}}))
+    runs = tmp_path / "runs"
+    proc = labkit("run", str(card), runs=runs)
+    assert proc.returncode == 0, proc.stderr
+    assert "completed (budget) in" in proc.stdout and "training stopped by budget.max_minutes" in proc.stdout
+    assert "completed (budget)" in labkit("runs", runs=runs).stdout
