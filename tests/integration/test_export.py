@@ -195,14 +195,12 @@ def test_model_card_reports_the_test_split_when_final_opened_it(exported, tmp_pa
     assert "Test split not opened" not in text and "failing guardrails (test): none" in text
 
 
-def _live_parameter_sets(shape: tuple[int, ...], layers: int) -> int:
-    """Copies of the base alive now: distinct storages of parameters shaped like a layer's MLP down-projection,
-    found by the garbage collector, per layer (a deepcopy or a second load of the base adds `layers` of them)."""
+def _parameter_storages(shape: tuple[int, ...]) -> set[int]:
+    """The storages of live parameters shaped like a layer's MLP down-projection, found by the garbage collector."""
     import torch
 
-    storages = {o.untyped_storage().data_ptr() for o in gc.get_objects()
-                if issubclass(type(o), torch.nn.Parameter) and tuple(o.shape) == shape}
-    return len(storages) / layers
+    return {o.untyped_storage().data_ptr() for o in gc.get_objects()
+            if issubclass(type(o), torch.nn.Parameter) and tuple(o.shape) == shape}
 
 
 def test_reload_check_holds_one_copy_of_the_base(exported) -> None:
@@ -216,20 +214,24 @@ def test_reload_check_holds_one_copy_of_the_base(exported) -> None:
     config = io.read_json(run / "export" / "merged" / "config.json")
     shape, layers = (config["hidden_size"], config["intermediate_size"]), config["num_hidden_layers"]
     gc.collect()
-    assert _live_parameter_sets(shape, layers) == 0  # nothing of the base alive before the check
+    before = _parameter_storages(shape)  # what this test process already holds (not the check's)
     samples: list[float] = []
+
+    def copies() -> float:  # copies of the base the check holds now: a deepcopy or a second load adds `layers`
+        return len(_parameter_storages(shape) - before) / layers
+
     forwards = [0]
 
     def on_forward(module, args) -> None:  # noqa: ANN001
         if type(module).__name__.endswith("ForCausalLM"):
             forwards[0] += 1
-            samples.append(_live_parameter_sets(shape, layers))
+            samples.append(copies())
 
     stop = threading.Event()
 
     def sampler() -> None:
         while not stop.wait(0.1):
-            samples.append(_live_parameter_sets(shape, layers))
+            samples.append(copies())
 
     hook = torch.nn.modules.module.register_module_forward_pre_hook(on_forward)
     thread = threading.Thread(target=sampler, daemon=True)
