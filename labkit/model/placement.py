@@ -179,10 +179,10 @@ def one_gpu(args: Any, made: Decisions | dict[str, Any] | None) -> bool:
 
     transformers' Trainer would wrap the model in DataParallel over every visible GPU, which TRL 1.16's SFTTrainer
     and DPOTrainer refuse in their constructors; ORPOTrainer is pinned alike, so every trainer places the same way.
-    `args._n_gpu = 1` is what transformers itself sets for a model split with device_map. The decision follows `decide`'s profile (`gpus_visible`), so it is tested
-    with recorded profiles; `args.n_gpu` is read first, which runs transformers' device set-up (it would otherwise
-    overwrite the pin later). The one-line note naming the `distributed` keys is `decide`'s, printed when the model
-    loads.
+    `args._n_gpu = 1` is what transformers itself sets for a model split with device_map. The decision follows
+    `decide`'s profile (`gpus_visible`), so it is tested with recorded profiles; `args.n_gpu` is read first, which
+    runs transformers' device set-up (it would otherwise overwrite the pin later). The one-line note naming the
+    `distributed` keys is `decide`'s, printed when the model loads.
 
     Args:
         args: the trainer's TrainingArguments (SFTConfig, DPOConfig, ORPOConfig), before the trainer is built.
