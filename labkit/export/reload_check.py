@@ -11,18 +11,19 @@
    exactly. `--sample N` checks the first N evaluation batches only (whole batches). The exported
    weight files must also be byte for byte the run's `training/adapter` (a weak model's greedy
    answers can survive a changed tensor; a hash cannot).
-3. The adapter is merged into the base in float32 in memory (peft `merge_and_unload`) and its logits
-   on the same prompts are compared with the unmerged model's: max |Δ| ≤ 1e-4 · max(1, max |logit|).
-   The bound is relative because float32 rounding grows with depth: on SmolLM2-135M (30 layers) the
-   merge moved logits of magnitude up to 46 by 1.6e-4 with every greedy answer unchanged. When the export
-   has `merged/`, its tensors must equal that in-memory merge (cast to the saved dtype).
+3. The adapter is merged into the base in float32, in place (peft `merge_adapter` / `unmerge_adapter`, one copy
+   of the base in memory), and batch by batch the unmerged model's logits on the same prompts are compared with the
+   merged model's: max |Δ| ≤ 1e-4 · max(1, max |logit|). The bound is relative because float32 rounding grows with
+   depth: on SmolLM2-135M (30 layers) the merge moved logits of magnitude up to 46 by 1.6e-4 with every greedy
+   answer unchanged. When the export has `merged/`, its tensors, read one at a time, must equal the first in-place
+   merge (cast to the saved dtype), before any unmerge has rounded the base weights.
 
 Writes EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does not.
 """
 
 from __future__ import annotations
 
-import copy
+import gc
 import time
 from pathlib import Path
 from typing import Any
@@ -78,31 +79,51 @@ def _prompt_batch(tokenizer: Any, card: Any, rows: list[dict[str, Any]]) -> tupl
     return ids, mask
 
 
-def logits_max_abs_diff(a: Any, b: Any, tokenizer: Any, card: Any, batches: list[list[dict[str, Any]]]) -> tuple[float, float]:
-    """Max |logit(a) − logit(b)| over the real (unpadded) prompt positions of the batches.
+def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list[dict[str, Any]]],
+                       merged_dir: Path | None = None) -> dict[str, Any]:
+    """Merge a PeftModel's adapter in place and compare, batch by batch, its logits with the unmerged model's.
+
+    One copy of the base exists throughout: for each batch the unmerged logits are computed, the adapter is merged
+    into the base weights (peft `merge_adapter`), the merged logits are computed, and the adapter is unmerged
+    (`unmerge_adapter`). `merged_dir`'s tensors are compared with the first merge, before any unmerge has rounded
+    the base weights (float32 (W + ΔW) − ΔW need not be W to the last bit).
 
     Args:
-        a, b: two causal LMs on the same device.
+        model: a peft PeftModel, in eval mode.
         tokenizer: the tokenizer.
         card: the card (prompt).
         batches: batches of rows.
+        merged_dir: the export's merged/ folder, or None.
     Returns:
-        (the maximum absolute difference, the maximum |logit| of a).
+        {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir)}.
     """
     import torch
 
-    device = next(a.parameters()).device
+    device = next(model.parameters()).device
     worst = scale = 0.0
-    with torch.inference_mode():
+    weights = None
+    with torch.no_grad():
         for rows in batches:
-            ids, mask = _prompt_batch(tokenizer, card, rows)
-            ids, mask = ids.to(device), mask.to(device)
-            la = a(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
-            lb = b(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
+            ids, mask = (t.to(device) for t in _prompt_batch(tokenizer, card, rows))
             keep = mask.bool()
-            worst = max(worst, (la[keep] - lb[keep]).abs().max().item())
-            scale = max(scale, la[keep].abs().max().item())
-    return worst, scale
+            unmerged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+            model.merge_adapter()
+            try:
+                if weights is None and merged_dir is not None:
+                    weights = _merged_weights_diff(merged_dir, model)
+                merged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+            finally:
+                model.unmerge_adapter()
+            worst = max(worst, (unmerged - merged).abs().max().item())
+            scale = max(scale, unmerged.abs().max().item())
+            del unmerged, merged
+        if weights is None and merged_dir is not None:  # no batch to compare: the weights still are
+            model.merge_adapter()
+            try:
+                weights = _merged_weights_diff(merged_dir, model)
+            finally:
+                model.unmerge_adapter()
+    return {"logits_max_abs_diff": worst, "logits_max_abs": scale, "merged_weights": weights}
 
 
 def load_base_float32(resolved: Any, card: Any, device: str) -> Any:
@@ -124,22 +145,48 @@ def load_base_float32(resolved: Any, card: Any, device: str) -> Any:
     return model.to(device).eval()
 
 
-def _merged_weights_diff(merged_dir: Path, merged: Any) -> dict[str, Any]:
-    """Compare the exported merged/ tensors with an in-memory merge (cast to each saved tensor's dtype)."""
-    import torch
-    from safetensors.torch import load_file
+def merged_tensors(model: Any) -> dict[str, Any]:
+    """A PeftModel's tensors under the names `merge_and_unload` would give them (views, no copies).
 
-    state = {k: v.detach().cpu() for k, v in merged.state_dict().items()}
+    The LoRA layers' `base_layer` weights hold the merge when the adapter is merged in place; the adapter's own
+    tensors and the originals of `modules_to_save` are left out, the trained copies of `modules_to_save` take the
+    original names.
+
+    Args:
+        model: a peft PeftModel.
+    Returns:
+        {name in the merged model: tensor}.
+    """
+    adapter = model.active_adapter
+    out = {}
+    for name, tensor in model.get_base_model().state_dict(keep_vars=True).items():
+        if ".lora_" in name or ".original_module." in name:
+            continue
+        out[name.replace(".base_layer.", ".").replace(f".modules_to_save.{adapter}.", ".")] = tensor
+    return out
+
+
+def _merged_weights_diff(merged_dir: Path, model: Any) -> dict[str, Any]:
+    """Compare the exported merged/ tensors, one at a time, with a PeftModel merged in place (cast to each saved
+    tensor's dtype)."""
+    import torch
+    from safetensors import safe_open
+
+    state = merged_tensors(model)
     worst, missing, allowed = 0.0, [], WEIGHTS_ATOL
     for file in sorted(merged_dir.glob("*.safetensors")):
-        for name, saved in load_file(str(file)).items():
-            if name not in state:
-                missing.append(name)
-                continue
-            ref = state[name].to(saved.dtype)
-            if saved.dtype != torch.float32:  # one rounding step of the saved dtype
-                allowed = max(allowed, torch.finfo(saved.dtype).eps * float(ref.abs().max()))
-            worst = max(worst, float((saved.float() - ref.float()).abs().max()) if saved.numel() else 0.0)
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if name not in state:
+                    missing.append(name)
+                    continue
+                ref = state[name].detach()
+                saved = handle.get_tensor(name).to(ref.device)
+                ref = ref.to(saved.dtype)
+                if saved.dtype != torch.float32:  # one rounding step of the saved dtype
+                    allowed = max(allowed, torch.finfo(saved.dtype).eps * float(ref.abs().max()))
+                worst = max(worst, float((saved.float() - ref.float()).abs().max()) if saved.numel() else 0.0)
+                del saved, ref
     return {"max_abs_diff": worst, "tolerance": allowed, "unknown_tensors": missing[:5],
             "ok": worst <= allowed and not missing}
 
@@ -225,14 +272,15 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
                   tolerance_rule=f"max |Δ logit| ≤ {RTOL:g} · max(1, max |logit|), float32", merged_weights=None)
     if manifest["method"] != "full":
         if card.method.kind == "qlora" or next(model.parameters()).dtype != torch.float32:
-            del model  # a 4-bit or 16-bit evaluation model: merge in float32 from the unquantised base
+            del model  # a 4-bit or 16-bit evaluation model: merge in float32 from the unquantised base, loaded once
+            gc.collect()  # the evaluation model is gone before the float32 base is loaded
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             model = PeftModel.from_pretrained(load_base_float32(resolved, card, device), str(weights)).eval()
-        batch_rows = [[rows[i] for i in batch] for batch in batches]
-        merged = copy.deepcopy(model).merge_and_unload().eval()
-        diff, scale = logits_max_abs_diff(model, merged, tokenizer, card, batch_rows)
-        report.update(logits_max_abs_diff=diff, logits_max_abs=scale, tolerance=RTOL * max(1.0, scale))
-        if (export_dir / "merged").is_dir():
-            report["merged_weights"] = _merged_weights_diff(export_dir / "merged", merged)
+        merged_dir = export_dir / "merged"
+        found = merged_vs_unmerged(model, tokenizer, card, [[rows[i] for i in batch] for batch in batches],
+                                   merged_dir if merged_dir.is_dir() else None)
+        report.update(found, tolerance=RTOL * max(1.0, found["logits_max_abs"]))
     logits_ok = report["logits_max_abs_diff"] is None or report["logits_max_abs_diff"] <= report["tolerance"]
     merged_ok = report["merged_weights"] is None or report["merged_weights"]["ok"]
     report["ok"] = bool(report["identical"] and logits_ok and merged_ok and report["weights_match_run"]["ok"] and all(

@@ -174,6 +174,30 @@ def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
                      gpus_visible=gpus, gpus_used=used, notes=notes)
 
 
+def one_gpu(args: Any, made: Decisions | dict[str, Any] | None) -> bool:
+    """Pin a trainer's arguments to one GPU when several are visible to one process without a launcher.
+
+    transformers' Trainer would wrap the model in DataParallel over every visible GPU, which TRL 1.16's SFTTrainer
+    and DPOTrainer refuse in their constructors; ORPOTrainer is pinned alike, so every trainer places the same way.
+    `args._n_gpu = 1` is what transformers itself sets for a model split with device_map. The decision follows
+    `decide`'s profile (`gpus_visible`), so it is tested with recorded profiles; `args.n_gpu` is read first, which
+    runs transformers' device set-up (it would otherwise overwrite the pin later). The one-line note naming the
+    `distributed` keys is `decide`'s, printed when the model loads.
+
+    Args:
+        args: the trainer's TrainingArguments (SFTConfig, DPOConfig, ORPOConfig), before the trainer is built.
+        made: the decisions for this process (`Decisions` or its `as_dict()`, e.g. `model.labkit_decisions`), or
+            None (then only the GPUs transformers counts decide).
+    Returns:
+        True when the arguments were pinned to one GPU.
+    """
+    visible = (made.as_dict() if isinstance(made, Decisions) else made or {}).get("gpus_visible", 0)
+    if max(args.n_gpu, visible) > 1 and args.world_size == 1:
+        args._n_gpu = 1
+        return True
+    return False
+
+
 def prepare_kbit(model: Any, card: Card) -> Any:
     """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
 

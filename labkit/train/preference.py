@@ -26,6 +26,7 @@ from typing import Any
 
 from labkit.card.schema import Card
 from labkit.data.pairs import PAIR_COLUMNS, orpo_row, to_dataset
+from labkit.model.placement import one_gpu
 
 # trl takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks start
 # fast
@@ -88,6 +89,8 @@ def preference_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, 
     if kind == "orpo":
         kwargs["remove_unused_columns"] = False  # its collator passes the prompt columns through (TRL sets it anyway)
     args = Config(**kwargs, beta=card.train.beta or DEFAULT_BETA, disable_dropout=False)
+    # several GPUs visible without a launcher: train on cuda:0 (DPOTrainer refuses DataParallel, as SFTTrainer does)
+    one_gpu(args, getattr(model, "labkit_decisions", None))
     train = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     evals = to_dataset(tokenizer, card, eval_rows) if eval_rows else None
     if kind == "orpo":

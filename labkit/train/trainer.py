@@ -14,6 +14,7 @@ from typing import Any
 
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.data.prompting import encode_rows
+from labkit.model.placement import one_gpu
 from labkit.scoring.metrics import METRICS
 from labkit.train.packing import PackedCollator, pack
 from labkit.train.preference import preference_trainer
@@ -39,13 +40,6 @@ def _precision(card: Card, device: str) -> dict[str, bool]:
 
     precision = decisions(card, device).precision
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
-def _one_gpu(args: Any) -> None:
-    """Several GPUs visible to one process (no launcher): train on cuda:0 alone, as transformers does for a model
-    split with device_map (`args._n_gpu = 1`), instead of the DataParallel wrap that TRL refuses."""
-    if args.n_gpu > 1 and args.world_size == 1:
-        args._n_gpu = 1
 
 
 class BudgetCallback:
@@ -155,7 +149,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                                   if next(model.parameters()).is_floating_point() else None,
                                   block_mask=decisions(card, device).packing != "padding_free")
     args = SFTConfig(**config)
-    _one_gpu(args)
+    one_gpu(args, getattr(model, "labkit_decisions", None))  # several GPUs, no launcher: cuda:0
     trainer = CompletionSFTTrainer(
         model=model, args=args, train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,

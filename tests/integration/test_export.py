@@ -6,11 +6,13 @@ copied so the shared fixture is never modified; the reload check runs as its own
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -191,3 +193,56 @@ def test_model_card_reports_the_test_split_when_final_opened_it(exported, tmp_pa
     text = modelcard.render(info)
     assert "Opened by `labkit final` on 2026-12-01T00:00:00Z (opening #1), 10 test rows." in text
     assert "Test split not opened" not in text and "failing guardrails (test): none" in text
+
+
+def _parameter_storages(shape: tuple[int, ...]) -> set[int]:
+    """The storages of live parameters shaped like a layer's MLP down-projection, found by the garbage collector."""
+    import torch
+
+    return {o.untyped_storage().data_ptr() for o in gc.get_objects()
+            if issubclass(type(o), torch.nn.Parameter) and tuple(o.shape) == shape}
+
+
+def test_reload_check_holds_one_copy_of_the_base(exported) -> None:
+    """Measured, not assumed: the reload check's peak of live base copies, sampled at every forward pass of the
+    model (generation, unmerged and merged logits) and every 0.1 s in between (loading, the merged/ comparison)."""
+    import torch
+
+    from labkit.export.reload_check import check
+
+    run, _ = exported
+    config = io.read_json(run / "export" / "merged" / "config.json")
+    shape, layers = (config["hidden_size"], config["intermediate_size"]), config["num_hidden_layers"]
+    gc.collect()
+    before = _parameter_storages(shape)  # what this test process already holds (not the check's)
+    samples: list[float] = []
+
+    def copies() -> float:  # copies of the base the check holds now: a deepcopy or a second load adds `layers`
+        return len(_parameter_storages(shape) - before) / layers
+
+    forwards = [0]
+
+    def on_forward(module, args) -> None:  # noqa: ANN001
+        if type(module).__name__.endswith("ForCausalLM"):
+            forwards[0] += 1
+            samples.append(copies())
+
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(0.1):
+            samples.append(copies())
+
+    hook = torch.nn.modules.module.register_module_forward_pre_hook(on_forward)
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    try:
+        report = check(run / "export", run)
+    finally:
+        stop.set()
+        thread.join()
+        hook.remove()
+    assert report["ok"] and report["merged_weights"]["ok"], report
+    batches = -(-report["total"] // report["batch_size"])
+    assert forwards[0] >= 3 * batches  # generation (one pass or more per batch) and the two logits passes per batch
+    assert max(samples) == 1, sorted(set(samples))

@@ -237,6 +237,28 @@ def test_two_steps_change_exactly_the_lora_tensors(kind: str, tiny_model, splits
         assert losses[0] == pytest.approx(math.log(2))  # policy == reference at step 1: -log σ(0)
 
 
+@pytest.mark.parametrize("kind", ["dpo", "orpo"])
+def test_two_visible_gpus_without_a_launcher_pin_the_preference_trainer_to_one(kind: str, tiny_model, splits,
+                                                                              tmp_path: Path) -> None:
+    """The recorded 2×T4 profile's decisions (as load_model stamps them on the model) reach TRL's trainer: its
+    arguments drive one GPU, so Trainer does not wrap the model in the DataParallel that DPOTrainer refuses."""
+    from labkit.core.device import load_profile
+    from labkit.model.placement import decide
+
+    card = _card(kind)
+    tokenizer = load_tokenizer(tiny_model, card)
+    made = decide(card, load_profile(REPO / "tests" / "unit" / "core" / "profiles" / "2xt4.json"), world_size=1,
+                  kernels={})
+    assert (made.gpus_visible, made.gpus_used) == (2, 1) and "training on cuda:0 only" in made.notes[0]
+    args = {"max_steps": 1, "disable_tqdm": True}
+    for decisions, gpus in ((made.as_dict(), 1), (None, 0)):  # 2×T4 profile, then this CPU's own decisions
+        model = apply_method(load_model(tiny_model, card, "cpu"), card)
+        if decisions:
+            model.labkit_decisions = decisions
+        trainer = build_trainer(card, model, tokenizer, splits["train"][:4], tmp_path / str(gpus), device="cpu", **args)
+        assert type(trainer).__name__ == f"Labkit{kind.upper()}Trainer" and trainer.args.n_gpu == gpus
+
+
 def test_qlora_dpo_on_cpu_keeps_4bit_weights_bit_for_bit(tiny_model, splits, tmp_path: Path) -> None:
     card = _card("dpo")
     card.method = Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)

@@ -11,7 +11,7 @@ from conftest import REPO
 from labkit.card.load import load_card
 from labkit.core.device import DeviceProfile, cpu_profile, load_profile
 from labkit.errors import CardError
-from labkit.model.placement import PACK_TOLERANCE, decide
+from labkit.model.placement import PACK_TOLERANCE, decide, one_gpu
 
 PROFILES = Path(__file__).resolve().parent.parent / "core" / "profiles"
 NONE = {"flash_attention_2": False, "flex_attention": False}
@@ -108,6 +108,24 @@ def test_two_gpus_without_a_launcher_train_on_one_with_a_note() -> None:
     assert made.notes == ["2 GPUs visible (2 × Tesla T4 (cuda, sm_75, 14.74 GiB each)), training on cuda:0 only; to "
                           "use all 2, set distributed: {launcher: accelerate, strategy: ddp, num_processes: 2}"]
     assert decide(card("lora"), profile("t4"), world_size=1, kernels=NONE).notes == []
+
+
+def test_trainer_arguments_drive_one_gpu_when_two_are_visible_without_a_launcher(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    def args() -> TrainingArguments:  # this process: no launcher (world size 1), on the CPU (n_gpu 0)
+        return TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+
+    pinned = args()
+    assert one_gpu(pinned, decide(card("lora"), profile("2xt4"), world_size=1, kernels=NONE)) is True
+    assert pinned.n_gpu == 1 and pinned.world_size == 1  # what transformers sets for a device_map model: no DataParallel
+    as_stamped = args()  # the dict load_model stamps on the model (model.labkit_decisions)
+    assert one_gpu(as_stamped, decide(card("lora"), profile("2xt4"), world_size=1, kernels=NONE).as_dict())
+    for name in ("t4", "h100", "cpu"):
+        kept = args()
+        made = decide(card("lora"), cpu_profile() if name == "cpu" else profile(name), world_size=1, kernels=NONE)
+        assert one_gpu(kept, made) is False and kept.n_gpu == 0  # one GPU (or none): nothing to pin
+    assert one_gpu(args(), None) is False
 
 
 def test_ddp_over_both_gpus_when_the_card_asks() -> None:
