@@ -258,8 +258,7 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
         steps: optimiser steps.
         overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
     Returns:
-        {"seq_len", "micro_batch", "memory": {...}, "step_seconds": [...], "seconds_per_step",
-         "eval_seconds_per_row" (the validation-loss step, per row)}.
+        {"seq_len", "micro_batch", "memory": {...}, "step_seconds": [...], "seconds_per_step"}.
     """
     micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
     accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
@@ -274,31 +273,4 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
         trainer.train()
     return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, "memory": peak.as_dict(),
             "step_seconds": timer.seconds, "seconds_per_step": timer.seconds[-1] if timer.seconds else None,
-            "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e],
-            "eval_seconds_per_row": eval_seconds_per_row(trainer, data, micro)}
-
-
-def eval_seconds_per_row(trainer: Any, data: Any, rows: int, repeats: int = 2) -> float:
-    """Seconds per row of the trainer's own validation-loss step (`prediction_step`, no gradients) on `rows` rows.
-
-    Stage 04's evaluation passes run this step over the validation split; timing it beside the training step
-    replaces a guessed forward/backward ratio. The fastest of `repeats` timings is kept (the first call warms up).
-
-    Args:
-        trainer: the trainer whose steps were just measured.
-        data: its training dataset (fixed-length rows).
-        rows: rows per timed batch.
-        repeats: timed calls.
-    Returns:
-        seconds per row.
-    """
-    inputs = next(iter(trainer.get_eval_dataloader(data.select(range(min(rows, len(data)))))))
-    count = len(next(iter(inputs.values())))
-    trainer.model.eval()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        trainer.prediction_step(trainer.model, inputs, prediction_loss_only=True)
-        best = min(best, time.perf_counter() - start)
-    trainer.model.train()
-    return best / count
+            "loss": [e["loss"] for e in trainer.state.log_history if "loss" in e]}

@@ -143,14 +143,6 @@ def _micro_seconds(measured: list[dict[str, Any]]) -> Callable[[float], float]:
     return lambda length: max(s0 + slope * (length - l0), s0 * length / l0 * 0.5)
 
 
-def _forward_share(measured: list[dict[str, Any]]) -> float:
-    """The validation step's cost per row as a share of the training step's, from stage 03's timings (mean over
-    the measured lengths; 1/3 — forward against forward + backward — where none was recorded)."""
-    shares = [m["eval_seconds_per_row"] / (m["seconds_per_step"] / m.get("grad_accum", 1) / m["micro_batch"])
-              for m in measured if m.get("eval_seconds_per_row") and m.get("seconds_per_step") and m.get("micro_batch")]
-    return sum(shares) / len(shares) if shares else 1 / 3
-
-
 def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int],
               measured: list[dict[str, Any]]) -> dict[str, Any]:
     """Training time predicted from the measured steps: the trainer's batches replayed, evaluation passes included.
@@ -159,8 +151,7 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     micro-batches padded to their longest row, and each micro-batch costs the measured step time at that length
     (a line through the measurements at two lengths); the first step costs what the measured first step took more
     than the second (the optimiser states are allocated). Validation-loss passes (every train.eval_steps steps, as
-    stage 04 schedules them) cost the trainer's validation step, which stage 03 times beside the training step: its
-    measured share of a training step per row (a third when no timing was recorded) at each batch's length.
+    stage 04 schedules them) cost a forward pass, a third of a training micro-batch at the same length.
 
     Args:
         card: the card.
@@ -197,8 +188,7 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     evaluations = steps // eval_steps if validation_lengths else 0
     ordered = validation_lengths
     batch = card.eval.batch_size
-    ratio = _forward_share(measured)
-    one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch * ratio
+    one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
                    for i in range(0, len(ordered), batch))
     first = next((m["step_seconds"] for m in measured if len(m.get("step_seconds") or []) > 1), None)
     warmup = max(0.0, first[0] - first[-1]) if first else 0.0  # the first step allocates the optimiser states

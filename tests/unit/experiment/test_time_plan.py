@@ -45,12 +45,3 @@ def test_packed_rows_are_what_the_trainer_batches() -> None:
     assert plan["train_seconds"] == pytest.approx(10 * 4.0 + 0.5)
     assert plan["examples_per_step"] == pytest.approx(40 / 3)
     assert plan["train_tokens"] == 4000
-
-
-def test_validation_passes_cost_the_measured_validation_step() -> None:
-    card = _card(max_steps=8, micro_batch=4, grad_accum=1, eval_steps=None)
-    # stage 03 timed the validation step at a tenth of a training step per row (micro-batch 4, 1 s: 0.25 s a row)
-    timed = [{**m, "micro_batch": 4, "eval_seconds_per_row": 0.025 * m["seq_len"] / 100} for m in MEASURED]
-    plan = time_plan(card, [100] * 36, [100] * 8, timed)
-    assert plan["evaluation_seconds"] == pytest.approx(4 * 2 * 1.0 / 10)  # 4 passes × 2 batches of 4 rows × 0.1 s
-    assert plan["train_seconds"] == pytest.approx(8 + 0.5 + 0.8)

@@ -87,8 +87,6 @@ def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()))
     assert len(result["step_seconds"]) == 2 and result["memory"]["delta_bytes"] > 0
-    # the validation step (no gradients) is timed beside it, and costs less per row than a training step
-    assert 0 < result["eval_seconds_per_row"] < result["seconds_per_step"] / result["micro_batch"]
 
 
 def test_training_packed_through_the_trainer(card, tiny_model) -> None:
