@@ -188,8 +188,13 @@ def make_plan(card: str | Path, days: float, price_per_hour: float | None = None
         return _campaign(loaded, root, timings, days, price, grid, spread, setup_hours, options)
     plan = build_plan(timings, days, price, **options)
     print(format_plan(plan, timings))
+    return _save(plan, timings, root, f"plan-{days:g}d")
+
+
+def _save(plan: dict[str, Any], timings: dict[str, Any], root: Path, name: str) -> dict[str, Any]:
+    """Save a plan (with the timings it used) under the experiment's `_plans/`, stamped, and say where."""
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = root / timings["experiment"] / "_plans" / f"plan-{days:g}d-{stamp}.json"
+    path = root / timings["experiment"] / "_plans" / f"{name}-{stamp}.json"
     plan.update(timings=timings, path=str(path), created=io.utc_now())
     io.write_json(path, plan)
     print(f"plan saved: {path}")
@@ -211,9 +216,4 @@ def _campaign(loaded: Any, root: Path, timings: dict[str, Any], days: float, pri
     if width:
         plan["measured"]["interval width"] = f"{width[0]:.3f} ({width[1]})"
     print(format_campaign(plan))
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = root / timings["experiment"] / "_plans" / f"campaign-{days:g}d-{stamp}.json"
-    plan.update(timings=timings, path=str(path), created=io.utc_now())
-    io.write_json(path, plan)
-    print(f"plan saved: {path}")
-    return plan
+    return _save(plan, timings, root, f"campaign-{days:g}d")
