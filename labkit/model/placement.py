@@ -67,17 +67,21 @@ def _emulated(where: str, value: str, profile: DeviceProfile, fix: str) -> CardE
                      f"kernels; {fix}")
 
 
-def _weights(card: Card, profile: DeviceProfile) -> str:
-    wanted = card.model.dtype
+def _dtype(key: str, wanted: str, profile: DeviceProfile, fallback: str) -> str:
+    """A dtype key resolved on a device: bfloat16 refused where it is emulated; `auto` is float32 on the CPU, bfloat16
+    where the GPU runs it natively, else `fallback`."""
     if wanted == "bfloat16" and profile.is_gpu and not profile.native_bf16:
-        raise _emulated("model.dtype", "bfloat16", profile, "use auto (float16 here) or float16")
+        raise _emulated(key, "bfloat16", profile, f"use auto ({fallback} here) or float16")
     if wanted != "auto":
         return wanted
     if not profile.is_gpu:
         return "float32"
-    if profile.native_bf16:
-        return "bfloat16"
-    return "float32" if card.method.kind == "full" else "float16"
+    return "bfloat16" if profile.native_bf16 else fallback
+
+
+def _weights(card: Card, profile: DeviceProfile) -> str:
+    # full fine-tuning keeps fp32 master weights where bf16 is not native (fp16 weights cannot be unscaled)
+    return _dtype("model.dtype", card.model.dtype, profile, "float32" if card.method.kind == "full" else "float16")
 
 
 def _precision(card: Card, profile: DeviceProfile) -> str:
@@ -95,14 +99,7 @@ def _precision(card: Card, profile: DeviceProfile) -> str:
 def _compute_dtype(card: Card, profile: DeviceProfile) -> str | None:
     if card.method.kind != "qlora":
         return None
-    wanted = card.method.quantisation.compute_dtype
-    if wanted == "bfloat16" and profile.is_gpu and not profile.native_bf16:
-        raise _emulated("method.quantisation.compute_dtype", "bfloat16", profile, "use auto (float16 here) or float16")
-    if wanted != "auto":
-        return wanted
-    if not profile.is_gpu:
-        return "float32"
-    return "bfloat16" if profile.native_bf16 else "float16"
+    return _dtype("method.quantisation.compute_dtype", card.method.quantisation.compute_dtype, profile, "float16")
 
 
 def _attention(card: Card, profile: DeviceProfile, weights: str, kernels: dict[str, bool]) -> tuple[str, str | None]:

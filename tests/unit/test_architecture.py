@@ -151,5 +151,6 @@ def test_error_classes_derive_from_labkit_error(base: str) -> None:
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ClassDef) and any(getattr(b, "id", None) == base for b in node.bases):
-                assert name == "labkit.errors" and node.name == "LabkitError" or base != "Exception" and \
-                    name == "labkit.errors", f"{path}:{node.lineno}: {node.name} derives from {base}, not LabkitError"
+                where = f"{path}:{node.lineno}: {node.name} derives from {base}"
+                assert name == "labkit.errors", f"{where} outside labkit/errors.py"
+                assert base != "Exception" or node.name == "LabkitError", f"{where}, not from LabkitError"
