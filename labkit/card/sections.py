@@ -195,8 +195,9 @@ class Prompt(Strict):
 
     @model_validator(mode="after")
     def _format_keys(self) -> "Prompt":
-        if self.format == "plain" and "chat_template" in self.model_fields_set:
-            raise ValueError("chat_template is only for format: chat; remove it (format: plain renders `template`)")
+        if self.format == "plain" and self.chat_template != "model":
+            raise ValueError(f"chat_template: {self.chat_template} is only for format: chat; remove it (format: plain "
+                             "renders `template`)")
         if self.format == "chat" and self.template is not None:
             raise ValueError("template is only for format: plain; remove it or set format: plain")
         return self
