@@ -88,11 +88,26 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     if missing:
         raise MethodError(f"method.modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
     try:
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
     except ValueError as exc:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ in {"Linear", "Linear4bit"}})
         raise MethodError(f"method.target_modules {targets!r}: {str(exc).splitlines()[0]} "
                           f"(linear modules of this model: {', '.join(linear)})") from None
+    _expose_head_bias(wrapped)
+    return wrapped
+
+
+def _expose_head_bias(model: Any) -> None:
+    """Give an LM head wrapped by peft's trainable tokens its `bias` attribute.
+
+    peft 0.21's `TrainableTokensWrapper` answers `weight` (the merged rows) but not `bias`, and TRL's fused LM head
+    (SFT on CUDA, DPO on any device) reads both. The wrapped layer's own bias (None, or Phi's bias vector) is set as a
+    plain attribute: no parameter is registered twice, and the trained rows still come through `weight`.
+    """
+    head = model.get_output_embeddings()
+    if type(head).__name__ == "TrainableTokensWrapper" and "bias" not in vars(head):
+        base = head.token_adapter.base_layer
+        object.__setattr__(head, "bias", getattr(base, "bias", None))
 
 
 def parameter_table(model: Any) -> list[dict[str, Any]]:

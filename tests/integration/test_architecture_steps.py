@@ -111,3 +111,35 @@ def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> N
     (row,) = compare([est], [measured])
     assert row["step_error"] is None and row["step_gib_measured"] > 0 and "step_gib_estimated" not in row
     assert breakdown_rows([est]) == [{"term": est["note"]}]
+
+
+@pytest.mark.parametrize("name,trainer,prompt", [("phi", "orpo", CASES["phi"]), ("mistral", "dpo", CASES["mistral"]),
+                                                 ("qwen2", "dpo", {"chat_template": "chatml"})])
+def test_preference_trainers_in_each_format(name, trainer, prompt) -> None:
+    """DPO and ORPO read the same prompt format: pairs pass stage 02's checks and the update check passes on TRL's
+    preference trainers, whose fused LM head reads the head's weight and bias (ChatML rows of an untied head, Mistral,
+    and of a tied one, Qwen2)."""
+    raw = copy.deepcopy(SMOKE)
+    raw["model"]["source"] = f"tiny:{name}"
+    keep = {k: v for k, v in raw["data"]["prompt"].items() if k != "chat_template"}
+    raw["data"]["prompt"] = {**keep, **prompt}
+    raw["data"]["fields"]["rejected"] = "rejected"
+    raw["train"].update(trainer=trainer, beta=0.1)
+    card = Card.model_validate(raw)
+    resolved = resolve(card.model.source)
+    tok = load_tokenizer(resolved, card)
+    pairs = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+    encoded, checks = run_checks(tok, card, {"train": pairs})
+    assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    first = encoded["train"][0]
+    if name == "phi":
+        assert tok.decode(first.prompt_ids).endswith("### Response:\n")
+    else:
+        assert tok.decode(first.prompt_ids).endswith("<|im_start|>assistant\n")
+    model = apply_method(load_model(resolved, card, "cpu"), card)
+    trainer_ = build_trainer(card, model, tok, pairs, Path(tempfile.mkdtemp()), device="cpu", max_steps=2,
+                             lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True)
+    update = update_check(trainer_, card, steps=2)
+    assert update["ok"], update["problems"]
+    tokens = [t for t in update["tensors"] if "trainable_tokens_delta" in t["name"]]
+    assert len(tokens) == {"phi": 0, "mistral": 2, "qwen2": 1}[name] and all(t["changed"] for t in tokens)
