@@ -195,12 +195,14 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
     h, i, a, kv = shape.hidden, shape.intermediate, shape.heads, shape.kv
     adapted = set(params["adapted"])
     if block == "phi":
-        # one LayerNorm (input, mean, rstd) feeds attention and the MLP in parallel; fc1's output and the tanh-GELU's
-        # kept temporaries (its input, x³ term, tanh) stand for the MLP
+        # one LayerNorm (input, mean, rstd) feeds attention and the MLP in parallel; the tanh-GELU keeps fc1's output,
+        # the tanh, ½x and 1 + tanh (counted with autograd's saved-tensor hooks on transformers 5's PhiDecoderLayer)
         units: dict[str, float] = {"layer input (LayerNorm)": h, "norm statistics": 2, "query after rotary": h,
-                                   "attention output": h, "attention log-sum-exp": a, "fc1 output, GELU": 3 * i}
+                                   "attention output": h, "attention log-sum-exp": a, "fc1 output, GELU": 4 * i}
         if adapted & {"q_proj", "k_proj", "v_proj", "fc1"}:
             units["normed input (q/k/v, fc1)"] = h
+        if "dense" in adapted:
+            units["attention output, reshaped (dense)"] = h
         if "fc2" in adapted:
             units["GELU output (fc2)"] = i
     else:
