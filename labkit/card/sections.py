@@ -164,8 +164,16 @@ class Leakage(Strict):
         default="report", description="duplicates inside one split: report them, or keep the first (by id) only")
 
 
+PLAIN_TEMPLATE = "### Instruction:\n{system}\n\n{instruction}\n\n### Response:\n"
+
+
 class Prompt(Strict):
-    chat_template: Literal["model"] = Field(default="model", description="use the tokenizer's own chat template")
+    format: Literal["chat", "plain"] = Field(
+        default="chat", description="chat: a chat template renders the messages; plain: `template` renders the text")
+    chat_template: Literal["model", "chatml"] = Field(
+        default="model", description="format chat: the tokenizer's own template, or ChatML added to a base model")
+    template: str | None = Field(
+        default=None, description="format plain: text with {system} and {instruction}, ending with the response marker")
     system: str | None = None
     instruction: str = Field(default="{input}", description="user message; {input} is replaced by the row's input")
 
@@ -175,6 +183,29 @@ class Prompt(Strict):
         if "{input}" not in value:
             raise ValueError("the instruction must contain {input}")
         return value
+
+    @field_validator("template")
+    @classmethod
+    def _has_instruction(cls, value: str | None) -> str | None:
+        if value is not None and "{instruction}" not in value:
+            raise ValueError("the template must contain {instruction} (and may contain {system})")
+        if value is not None and not value.rstrip():
+            raise ValueError("the template is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _format_keys(self) -> "Prompt":
+        if self.format == "plain" and self.chat_template != "model":
+            raise ValueError(f"chat_template: {self.chat_template} is only for format: chat; remove it (format: plain "
+                             "renders `template`)")
+        if self.format == "chat" and self.template is not None:
+            raise ValueError("template is only for format: plain; remove it or set format: plain")
+        return self
+
+    @property
+    def plain_template(self) -> str:
+        """The plain format's template (the card's, or the default `### Instruction:` … `### Response:`)."""
+        return self.template if self.template is not None else PLAIN_TEMPLATE
 
 
 class Data(Strict):

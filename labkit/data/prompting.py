@@ -23,6 +23,21 @@ def messages(card: Card, text: str) -> list[dict[str, str]]:
     return out
 
 
+def plain_prompt(card: Card, text: str) -> str:
+    """The prompt text of `data.prompt.format: plain`: the template with {system} and {instruction} filled.
+
+    Without a system text, `{system}` is removed together with the blank line that follows it
+    (`"{system}\n\n"`), so the default template gives `### Instruction:\n<instruction>\n\n### Response:\n`.
+    """
+    prompt = card.data.prompt
+    template = prompt.plain_template
+    system = (prompt.system or "").strip()
+    if not system:
+        template = template.replace("{system}\n\n", "").replace("{system}", "")
+    instruction = prompt.instruction.replace("{input}", text)
+    return template.replace("{system}", system).replace("{instruction}", instruction)
+
+
 def _ids(encoded: Any) -> list[int]:
     """apply_chat_template(tokenize=True) returns a list or a BatchEncoding depending on the version."""
     if isinstance(encoded, dict) or hasattr(encoded, "keys"):
@@ -30,14 +45,35 @@ def _ids(encoded: Any) -> list[int]:
     return list(encoded)
 
 
+def _plain_ids(tokenizer: Any, text: str) -> list[int]:
+    """Tokens of plain text, with the tokenizer's own BOS when it adds one (never twice)."""
+    ids = list(tokenizer(text, add_special_tokens=True)["input_ids"])
+    bos = tokenizer.bos_token_id
+    if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
 def prompt_ids(tokenizer: Any, card: Card, text: str) -> list[int]:
-    """Token ids of the prompt, ending with the assistant header (what generation starts from)."""
+    """Token ids of the prompt, ending with the assistant header or the response marker (what generation starts from)."""
+    if card.data.prompt.format == "plain":
+        return _plain_ids(tokenizer, plain_prompt(card, text))
     return _ids(tokenizer.apply_chat_template(messages(card, text), add_generation_prompt=True, tokenize=True))
 
 
 def prompt_text(tokenizer: Any, card: Card, text: str) -> str:
-    """The prompt as text after the chat template."""
+    """The prompt as text after the chat template (or the plain template)."""
+    if card.data.prompt.format == "plain":
+        return plain_prompt(card, text)
     return tokenizer.apply_chat_template(messages(card, text), add_generation_prompt=True, tokenize=False)
+
+
+def format_name(card: Card) -> str:
+    """The prompt format in words, as stage 02 shows it: `chat (model's template)`, `chat (ChatML added)`, `plain`."""
+    prompt = card.data.prompt
+    if prompt.format == "plain":
+        return "plain (template + EOS after the answer)"
+    return "chat (ChatML added to the tokenizer)" if prompt.chat_template == "chatml" else "chat (the model's template)"
 
 
 @dataclass
@@ -51,6 +87,7 @@ class Encoded:
         full_len: length before truncation.
         truncated: whether max_length cut the example.
         prefix_ok: whether the prompt alone is a token prefix of prompt+completion.
+        prompt_format: the prompt format in words (`format_name`), shown with the rendered samples.
     """
 
     input_ids: list[int]
@@ -59,6 +96,7 @@ class Encoded:
     full_len: int
     truncated: bool
     prefix_ok: bool
+    prompt_format: str = ""
 
     @property
     def loss_tokens(self) -> int:
@@ -66,10 +104,11 @@ class Encoded:
 
 
 def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encoded:
-    """Tokenise prompt + completion with the chat template; loss on the completion only.
+    """Tokenise prompt + completion in the card's prompt format; loss on the completion only.
 
-    The sequence ends at the completion's EOS (template text after it, such as a trailing newline,
-    is dropped: the model never generates past EOS).
+    format chat: the chat template renders the conversation; the sequence ends at the completion's EOS
+    (template text after it, such as a trailing newline, is dropped: the model never generates past EOS).
+    format plain: the plain prompt followed by the answer, tokenised as one text, then EOS appended.
 
     Args:
         tokenizer: the model's tokenizer.
@@ -80,8 +119,11 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
         Encoded.
     """
     prompt = prompt_ids(tokenizer, card, text)
-    convo = messages(card, text) + [{"role": "assistant", "content": target}]
-    full = _ids(tokenizer.apply_chat_template(convo, tokenize=True))
+    if card.data.prompt.format == "plain":
+        full = _plain_ids(tokenizer, plain_prompt(card, text) + target)
+    else:
+        convo = messages(card, text) + [{"role": "assistant", "content": target}]
+        full = _ids(tokenizer.apply_chat_template(convo, tokenize=True))
     prefix_ok = full[: len(prompt)] == prompt
     eos = tokenizer.eos_token_id
     positions = [i for i in range(len(prompt), len(full)) if full[i] == eos]
@@ -93,7 +135,8 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     full_len = len(full)
     limit = card.data.max_length
     return Encoded(input_ids=full[:limit], labels=labels[:limit], prompt_len=len(prompt), full_len=full_len,
-                   truncated=full_len > limit, prefix_ok=prefix_ok)
+                   truncated=full_len > limit, prefix_ok=prefix_ok,
+                   prompt_format=format_name(card))
 
 
 def encode_rows(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[Encoded]:
@@ -101,18 +144,48 @@ def encode_rows(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[
     return [encode_example(tokenizer, card, r["input"], r["target"]) for r in rows]
 
 
+def padding_check(tokenizer: Any, encoded: list[Encoded]) -> tuple[bool, list[int]]:
+    """Whether padding is masked and the EOS keeps its loss in a batch padded by the SFT trainer's collator.
+
+    With pad ≠ EOS nothing can mix them up. With pad = EOS (a common fallback) the shortest and the longest
+    example are padded together by TRL's `DataCollatorForLanguageModeling`, as training pads them: every
+    padded position must carry no loss and no attention, and the shorter example's EOS must keep its loss.
+
+    Returns:
+        (ok, indices of the examples that failed).
+    """
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    usable = [i for i, e in enumerate(encoded) if not e.truncated and e.input_ids]
+    if pad != eos or len(usable) < 2:
+        return True, []
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # seconds to import: only when pad = EOS
+
+    short = min(usable, key=lambda i: len(encoded[i].input_ids))
+    long = max(usable, key=lambda i: len(encoded[i].input_ids))
+    if len(encoded[short].input_ids) == len(encoded[long].input_ids):
+        return True, []
+    batch = DataCollatorForLanguageModeling(pad_token_id=pad)(
+        [{"input_ids": encoded[i].input_ids, "labels": encoded[i].labels} for i in (short, long)])
+    n = len(encoded[short].input_ids)
+    labels, mask = batch["labels"][0].tolist(), batch["attention_mask"][0].tolist()
+    # TRL pads on the right: the real tokens first, then the padding
+    ok = (labels[:n] == encoded[short].labels and all(x == IGNORE for x in labels[n:])
+          and all(mask[:n]) and not any(mask[n:]) and labels[n - 1] == eos)
+    return ok, [] if ok else [short]
+
+
 def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Encoded]) -> list[dict[str, Any]]:
-    """Checks that catch the common template/mask bugs, per row.
+    """Checks that catch the common template/mask bugs, per row, for every prompt format.
 
     Args:
-        tokenizer: the tokenizer (for the EOS id).
+        tokenizer: the tokenizer (for the EOS, BOS and pad ids).
         rows: prepared rows (with `id`).
         encoded: their encodings.
     Returns:
         a list of {"check", "ok", "failed_ids", "explanation"}.
     """
-    eos = tokenizer.eos_token_id
-    no_loss, no_eos, not_prefix, truncated = [], [], [], []
+    eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id
+    no_loss, no_eos, not_prefix, truncated, two_bos = [], [], [], [], []
     for row, enc in zip(rows, encoded, strict=True):
         if enc.loss_tokens == 0:
             no_loss.append(row["id"])
@@ -122,6 +195,10 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
             not_prefix.append(row["id"])
         if enc.truncated:
             truncated.append(row["id"])
+        if bos is not None and enc.input_ids[:2] == [bos, bos]:
+            two_bos.append(row["id"])
+    pad_ok, pad_failed = padding_check(tokenizer, encoded)
+    same = "pad = EOS" if tokenizer.pad_token_id == eos else "pad ≠ EOS"
     return [
         {"check": "every example has loss positions", "ok": not no_loss, "failed_ids": no_loss,
          "explanation": "an example with no completion tokens teaches nothing (prompt longer than max_length?)"},
@@ -131,4 +208,11 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
          "explanation": "otherwise the model is trained on a context it never sees at inference"},
         {"check": "no example truncated by max_length", "ok": not truncated, "failed_ids": truncated,
          "explanation": "a truncated completion loses its EOS and part of the answer; raise max_length or drop long rows"},
+        {"check": "BOS appears once at the start", "ok": not two_bos, "failed_ids": two_bos,
+         "explanation": "the template writes a BOS and the tokenizer adds another: the model sees a doubled BOS it was "
+                        "never pre-trained on"},
+        {"check": f"padding carries no loss, the EOS does ({same})", "ok": pad_ok,
+         "failed_ids": [rows[i]["id"] for i in pad_failed],
+         "explanation": "with pad = EOS a collator that masks the pad id also masks the EOS: the model never learns "
+                        "to stop"},
     ]

@@ -51,14 +51,51 @@ def pick_dtype(card: Card, device: str) -> Any:
     return getattr(torch, decisions(card, device).weight_dtype)
 
 
+CHATML_TOKENS = ("<|im_start|>", "<|im_end|>")
+CHATML_TEMPLATE = (  # TRL's former `setup_chat_format` ChatML template
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def add_chatml(tokenizer: Any) -> list[int]:
+    """Give a tokenizer the ChatML format as TRL's `setup_chat_format` did (TRL 1.16 keeps only
+    `clone_chat_template`, which needs a second tokenizer to copy from).
+
+    <|im_start|> and <|im_end|> become special tokens (added when missing), BOS <|im_start|>, EOS and pad <|im_end|>,
+    and the ChatML template. The model's embeddings follow with `resize_for_tokenizer`.
+
+    Returns:
+        the ids of the two ChatML tokens (the embedding and LM-head rows LoRA must train: `labkit.model.method`).
+    """
+    start, end = CHATML_TOKENS
+    tokenizer.add_special_tokens({"additional_special_tokens": list(CHATML_TOKENS)})
+    tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token = start, end, end
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer.convert_tokens_to_ids(list(CHATML_TOKENS))
+
+
+def chatml_ids(card: Card, tokenizer: Any) -> list[int]:
+    """The ChatML token ids of a `chat_template: chatml` card (empty for any other prompt format)."""
+    prompt = card.data.prompt
+    if prompt.format != "chat" or prompt.chat_template != "chatml":
+        return []
+    return tokenizer.convert_tokens_to_ids(list(CHATML_TOKENS))
+
+
 def load_tokenizer(resolved: ResolvedModel, card: Card) -> Any:
-    """Load the tokenizer of the resolved model (pad token falls back to EOS).
+    """Load the tokenizer of the resolved model, in the card's prompt format.
+
+    The pad token falls back to EOS. `data.prompt.chat_template: chatml` adds ChatML (`add_chatml`);
+    `chat_template: model` needs the tokenizer's own template; `format: plain` needs none.
 
     Args:
         resolved: the resolved model source.
-        card: the card (for trust_remote_code).
+        card: the card (prompt format, trust_remote_code).
     Returns:
-        a transformers tokenizer with a pad token and a chat template.
+        a transformers tokenizer with a pad token (and a chat template for format chat).
+    Raises:
+        ModelSourceError: the tokenizer does not load, or has no chat template for `chat_template: model`.
     """
     from transformers import AutoTokenizer
 
@@ -67,11 +104,40 @@ def load_tokenizer(resolved: ResolvedModel, card: Card) -> Any:
             resolved.location, trust_remote_code=card.model.trust_remote_code, **resolved.from_pretrained_kwargs())
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(f"{resolved.source}: tokenizer does not load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    prompt = card.data.prompt
+    if prompt.format == "chat" and prompt.chat_template == "chatml":
+        add_chatml(tokenizer)
+    elif prompt.format == "chat" and not tokenizer.chat_template:
+        raise ModelSourceError(
+            f"{resolved.source}: the tokenizer has no chat template (data.prompt.chat_template: model needs one): "
+            "set data.prompt.format: plain, or data.prompt.chat_template: chatml to add ChatML")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if card.data.prompt.chat_template == "model" and not tokenizer.chat_template:
-        raise ModelSourceError(f"{resolved.source}: the tokenizer has no chat template (data.prompt.chat_template: model needs one)")
     return tokenizer
+
+
+def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:
+    """Grow the model's embeddings (and LM head) to the tokenizer of a `chat_template: chatml` card, and make the
+    model's BOS / EOS / pad ids the tokenizer's, as TRL's `setup_chat_format` did.
+
+    The new rows are transformers' mean resizing (drawn around the old rows' mean and covariance) under a fixed seed,
+    so every load gives the same rows: the baseline, training and the comparison see one model. Nothing changes for
+    other prompt formats, or when the embeddings already have a row for every token.
+    """
+    if not chatml_ids(card, tokenizer):
+        return
+    import torch
+
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            model.resize_token_embeddings(len(tokenizer))
+    model.labkit_trainable_tokens = chatml_ids(card, tokenizer)  # the rows LoRA trains (labkit.model.method)
+    for config in (model.config.get_text_config(), getattr(model, "generation_config", None)):
+        if config is not None:
+            config.bos_token_id, config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+            config.pad_token_id = tokenizer.pad_token_id
 
 
 def quantization_config(card: Card, device: str | None = None) -> Any:
@@ -142,6 +208,8 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(f"{resolved.source}: model does not load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    if card.data.prompt.format == "chat" and card.data.prompt.chat_template == "chatml":
+        resize_for_tokenizer(model, card, load_tokenizer(resolved, card))
     if qconfig is None:
         model.to(device)
     model.eval()

@@ -24,13 +24,36 @@ def kind_of(name: str) -> str:
     return re.sub(r"(^|\.)(layers|h|blocks)\.\d+\.", r"\1\2.*.", name)
 
 
-def lora_config(card: Card) -> Any:
-    """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string)."""
+def trainable_tokens(model: Any, card: Card) -> Any:
+    """peft's `trainable_token_indices` for a `chat_template: chatml` card, else None.
+
+    The ChatML tokens were added to a base model (`labkit.model.loading.resize_for_tokenizer`): their embedding rows
+    and, when the LM head is not tied to the embeddings, their LM-head rows are trained and saved with the adapter.
+    On the meta device (memory estimate) the last rows stand in for them: only their count matters there.
+    """
+    prompt = card.data.prompt
+    if prompt.format != "chat" or prompt.chat_template != "chatml":
+        return None
+    rows = model.get_input_embeddings().weight.shape[0]
+    ids = list(getattr(model, "labkit_trainable_tokens", None) or [rows - 2, rows - 1])
+    tied = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+    head = model.get_output_embeddings()
+    if tied or head is None:
+        return ids
+    name_of = {id(m): n for n, m in model.named_modules()}
+    return {name_of[id(model.get_input_embeddings())].rsplit(".", 1)[-1]: ids, name_of[id(head)].rsplit(".", 1)[-1]: ids}
+
+
+def lora_config(card: Card, model: Any = None) -> Any:
+    """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string; the ChatML
+    rows of `trainable_tokens` when the model is given)."""
     from peft import LoraConfig
 
     m = card.method
+    tokens = trainable_tokens(model, card) if model is not None else None
     return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
-                      modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none")
+                      modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none",
+                      trainable_token_indices=tokens)
 
 
 def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
@@ -59,17 +82,32 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     if method.kind == "qlora" and not meta:
         model = prepare_kbit(model, card)  # method.quantisation.upcast (labkit.model.placement)
     targets = method.target_modules
-    config = lora_config(card)
+    config = lora_config(card, model)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in method.modules_to_save if m not in names]
     if missing:
         raise MethodError(f"method.modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
     try:
-        return get_peft_model(model, config)
+        wrapped = get_peft_model(model, config)
     except ValueError as exc:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ in {"Linear", "Linear4bit"}})
         raise MethodError(f"method.target_modules {targets!r}: {str(exc).splitlines()[0]} "
                           f"(linear modules of this model: {', '.join(linear)})") from None
+    _expose_head_bias(wrapped)
+    return wrapped
+
+
+def _expose_head_bias(model: Any) -> None:
+    """Give an LM head wrapped by peft's trainable tokens its `bias` attribute.
+
+    peft 0.21's `TrainableTokensWrapper` answers `weight` (the merged rows) but not `bias`, and TRL's fused LM head
+    (SFT on CUDA, DPO on any device) reads both. The wrapped layer's own bias (None, or Phi's bias vector) is set as a
+    plain attribute: no parameter is registered twice, and the trained rows still come through `weight`.
+    """
+    head = model.get_output_embeddings()
+    if type(head).__name__ == "TrainableTokensWrapper" and "bias" not in vars(head):
+        base = head.token_adapter.base_layer
+        object.__setattr__(head, "bias", getattr(base, "bias", None))
 
 
 def parameter_table(model: Any) -> list[dict[str, Any]]:

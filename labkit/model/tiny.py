@@ -1,7 +1,16 @@
-"""A tiny Llama and a tokenizer trained on built-in text, made offline in seconds.
+"""Tiny random models of the common architectures and a tokenizer trained on built-in text, made offline in seconds.
 
 Used by `tiny:<name>` model sources (tests, smoke cards): the whole pipeline runs for real on a
-model of a few hundred thousand parameters, with a ChatML chat template like SmolLM2's.
+model of a few hundred thousand parameters. `tiny:llama` has a ChatML chat template like SmolLM2's; the others
+mimic their architecture's base models:
+
+| name | architecture | what it mimics |
+|---|---|---|
+| `llama`, `llama-wide` | LlamaForCausalLM | SmolLM2: GQA, tied embeddings, ChatML template |
+| `llama3` | LlamaForCausalLM | Llama 3: GQA, untied LM head, rope θ 500,000, a vocabulary padded past the tokenizer, a template |
+| `mistral` | MistralForCausalLM | a base Mistral: GQA, sliding window, no chat template and no ChatML tokens |
+| `qwen2` | Qwen2ForCausalLM | Qwen2: q/k/v biases, tied embeddings, ChatML template |
+| `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
 """
 
 from __future__ import annotations
@@ -22,11 +31,23 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+          "num_key_value_heads": 2}
+# per name: the transformers config class, its sizes, the tokenizer's vocabulary, special tokens (bos, eos, pad),
+# whether the tokenizer has the ChatML template, extra embedding rows past the tokenizer, extra config keys
 SIZES = {
-    "llama": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "vocab": 600},
-    "llama-wide": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-                   "num_key_value_heads": 2, "vocab": 1000},
+    "llama": {"arch": "Llama", **_LLAMA, "vocab": 600},
+    "llama-wide": {"arch": "Llama", "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "vocab": 1000},
+    "llama3": {"arch": "Llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2,
+               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab": 600, "pad_rows": 40,
+               "tie_word_embeddings": False, "rope_theta": 500000.0},
+    "mistral": {"arch": "Mistral", **_LLAMA, "vocab": 600, "sliding_window": 64, "tie_word_embeddings": False,
+                "template": False, "special": ["<|endoftext|>"], "tokens": ("<|endoftext|>", "<|endoftext|>", None)},
+    "qwen2": {"arch": "Qwen2", **_LLAMA, "vocab": 600, "pad_rows": 24},
+    "phi": {"arch": "Phi", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "partial_rotary_factor": 0.5, "vocab": 600, "template": False, "special": ["<|endoftext|>"],
+            "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>"), "tie_word_embeddings": False},
 }
 
 
@@ -39,33 +60,39 @@ def _corpus() -> list[str]:
 
 
 def build_tiny(name: str, out: Path) -> None:
-    """Build tiny:<name> (a random-init Llama and a BPE tokenizer) into `out`, atomically.
+    """Build tiny:<name> (a random-init model of SIZES[name]'s architecture and a BPE tokenizer) into `out`, atomically.
 
     Args:
         name: a key of SIZES.
         out: target folder (replaced).
     """
     import torch
+    import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     if name not in SIZES:
         raise ModelSourceError(f"tiny:{name}: unknown tiny model (expected one of {', '.join(SIZES)})")
     size = dict(SIZES[name])
-    vocab = size.pop("vocab")
+    arch, vocab, pad_rows = size.pop("arch"), size.pop("vocab"), size.pop("pad_rows", 0)
+    special = size.pop("special", SPECIAL)
+    bos, eos, pad = size.pop("tokens", ("<|im_start|>", "<|im_end|>", "<|im_end|>"))
+    template = size.pop("template", True)
     bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(_corpus(), trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<|im_end|>",
-        unk_token="<|endoftext|>")
-    tokenizer.chat_template = CHATML
-    config = LlamaConfig(
-        vocab_size=len(tokenizer), max_position_embeddings=2048, tie_word_embeddings=True,
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=pad,
+                                        unk_token="<|endoftext|>")
+    if template:
+        tokenizer.chat_template = CHATML
+    config_class = getattr(transformers, f"{arch}Config")
+    size.setdefault("tie_word_embeddings", True)
+    config = config_class(
+        vocab_size=len(tokenizer) + pad_rows, max_position_embeddings=2048,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, **size)
     torch.manual_seed(0)
-    save_folder(LlamaForCausalLM(config), tokenizer, out)
+    save_folder(getattr(transformers, f"{arch}ForCausalLM")(config), tokenizer, out)

@@ -1,9 +1,12 @@
 """Estimate the memory of one complete training step before anything is allocated.
 
 The model is built on PyTorch's `meta` device from its config (no weights, no memory) and the
-card's method is applied to it, so parameter counts, trainable sets and dtypes are exact. The
-activation term counts, per decoder layer and per token, the tensors autograd keeps for the
-backward pass of a Llama-style block (RMSNorm, rotary attention through SDPA, gated MLP); the loss
+card's method is applied to it, so parameter counts, trainable sets and dtypes are exact for any
+architecture. The activation term counts, per decoder layer and per token, the tensors autograd keeps
+for the backward pass of the block's architecture (`ARCHITECTURES`): a Llama-style block (Llama, Llama 3,
+Mistral, Qwen2: RMSNorm, rotary attention through SDPA, gated MLP) or Phi's (one LayerNorm, attention and
+a GELU MLP in parallel, partial rotary). Any other architecture is not modelled: the estimate says so
+(`modelled: false`, `note`) and stage 03 shows the measurement alone; the loss
 term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
 on the CPU labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term
 is explained in the notebook of stage 03 and checked against a measurement there and in
@@ -64,6 +67,25 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
     return str(pick_dtype(card, device)).replace("torch.", "")
 
 
+# model_type → the block whose activations `activation_units` counts
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "phi": "phi"}
+
+
+def architecture(config: Any) -> dict[str, Any]:
+    """Whether the estimate models the config's architecture.
+
+    Returns:
+        {"model_type", "block": "llama" | "phi" | None, "modelled", "note"}.
+    """
+    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(c, "model_type", "") or ""
+    block = ARCHITECTURES.get(model_type)
+    note = None if block else (
+        f"the memory estimate does not model the {model_type or 'unknown'} architecture (modelled: "
+        f"{', '.join(sorted(ARCHITECTURES))}): stage 03 shows the measured memory alone")
+    return {"model_type": model_type, "block": block, "modelled": block is not None, "note": note}
+
+
 def shape_of(config: Any) -> Shape:
     """Read the layer count and widths from a transformers config (text part of multimodal ones)."""
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -108,18 +130,20 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
         card: the card (qlora quantisation settings).
         dtype_bytes: bytes per weight of the loaded dtype.
     Returns:
-        {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted", "head_trainable", "norms_trainable"}.
+        {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted", "head_trainable", "norms_trainable",
+         "tokens_trained" (peft's trainable ChatML rows, `labkit.model.method.trainable_tokens`)}.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
     q = getattr(card.method, "quantisation", None)
     frozen_all = frozen_norms = quant = trainable = trainable_bytes = 0
     adapted: set[str] = set()
-    norms_trainable = head_trainable = False
+    norms_trainable = head_trainable = tokens_trained = False
     for name, param in model.named_parameters():
         short = name.replace("base_model.model.", "").replace(".base_layer", "")
         if param.requires_grad:
             trainable += param.numel()
+            tokens_trained = tokens_trained or "trainable_tokens_delta" in short
             # PEFT keeps adapters in fp32; fully trained weights (and saved modules) keep the loaded dtype
             fp32 = "lora_" in short or card.method.kind == "qlora"
             trainable_bytes += param.numel() * (4 if fp32 else dtype_bytes)
@@ -143,7 +167,8 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
     frozen = frozen_norms if q is not None and q.upcast == "norms" else frozen_all
     return {"frozen_bytes": frozen, "frozen_bytes_upcast": {"all": frozen_all, "norms": frozen_norms},
             "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
-            "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable}
+            "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable,
+            "tokens_trained": tokens_trained}
 
 
 def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
@@ -153,7 +178,8 @@ def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
     return params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per
 
 
-def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True) -> dict[str, float]:
+def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True,
+                     block: str = "llama") -> dict[str, float]:
     """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
 
     Args:
@@ -162,33 +188,44 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         params: from `parameter_bytes` (which linears carry adapters or train fully).
         seq_len: sequence length (the padding mask costs one value per key position).
         padded: whether batches carry padding (dynamic padding almost always does).
+        block: "llama" (Llama, Mistral, Qwen2) or "phi" (`architecture`).
     Returns:
         {tensor: values per token per layer}.
     """
     h, i, a, kv = shape.hidden, shape.intermediate, shape.heads, shape.kv
     adapted = set(params["adapted"])
-    units: dict[str, float] = {"layer input (norm)": h, "post-attention residual (norm)": h,
-                               "norm scales": 2, "query after rotary": h, "attention output": h,
-                               "attention log-sum-exp": a, "gate, SiLU, up": 3 * i}
+    if block == "phi":
+        # one LayerNorm (input, mean, rstd) feeds attention and the MLP in parallel; the tanh-GELU keeps fc1's output,
+        # the tanh, ½x and 1 + tanh (counted with autograd's saved-tensor hooks on transformers 5's PhiDecoderLayer)
+        units: dict[str, float] = {"layer input (LayerNorm)": h, "norm statistics": 2, "query after rotary": h,
+                                   "attention output": h, "attention log-sum-exp": a, "fc1 output, GELU": 4 * i}
+        if adapted & {"q_proj", "k_proj", "v_proj", "fc1"}:
+            units["normed input (q/k/v, fc1)"] = h
+        if "dense" in adapted:
+            units["attention output, reshaped (dense)"] = h
+        if "fc2" in adapted:
+            units["GELU output (fc2)"] = i
+    else:
+        units = {"layer input (norm)": h, "post-attention residual (norm)": h, "norm scales": 2,
+                 "query after rotary": h, "attention output": h, "attention log-sum-exp": a, "gate, SiLU, up": 3 * i}
+        if adapted & {"q_proj", "k_proj", "v_proj"}:
+            units["normed input (q/k/v)"] = h
+        if adapted & {"gate_proj", "up_proj"}:
+            units["normed input (gate/up)"] = h
+        if "down_proj" in adapted:
+            units["gated product (down)"] = i
     # SDPA keeps K and V; with a padding mask the GQA heads are repeated first, and the mask is kept
     units["keys, values"] = 2 * h if padded else 2 * kv
     if padded:
         units["padding mask"] = seq_len
-    if adapted & {"q_proj", "k_proj", "v_proj"}:
-        units["normed input (q/k/v)"] = h
-    if adapted & {"gate_proj", "up_proj"}:
-        units["normed input (gate/up)"] = h
-    if "down_proj" in adapted:
-        units["gated product (down)"] = i
     if params["norms_trainable"]:
         units["normalised, before the norm weight"] = 2 * h
     method = card.method
     if method.kind in {"lora", "qlora"}:
-        widths = {"q_proj": h, "k_proj": h, "v_proj": h, "o_proj": h, "gate_proj": h, "up_proj": h, "down_proj": i}
         units["LoRA A outputs"] = method.r * len(adapted)
         if method.dropout > 0:
             # each adapter has its own dropout: the dropped input and its mask (1 byte per value)
-            units["LoRA dropout"] = sum(widths.get(m, h) for m in adapted) * 1.25
+            units["LoRA dropout"] = sum(i if m in {"down_proj", "fc2"} else h for m in adapted) * 1.25
     return units
 
 
@@ -210,7 +247,9 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         loss_fraction: the share of positions that carry a loss (completion tokens / tokens, from the data; 1.0 is
             the upper bound). On the CPU the loss head's logits cover only those positions.
     Returns:
-        {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases", ...}.
+        {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases",
+         "architecture", "modelled", "note", ...}. With `modelled` false the activation terms are a Llama-shaped
+        stand-in that no caller may show as an estimate (`note` says so).
     """
     b = micro_batch or card.train.micro_batch
     ckpt = card.train.gradient_checkpointing if checkpointing is None else checkpointing
@@ -222,7 +261,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
     tokens = rows * seq_len
-    per_layer = activation_units(shape, card, params, seq_len, padded)
+    arch = architecture(config)
+    per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama")
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
     saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
@@ -244,6 +284,11 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     grads = params["trainable_bytes"]
     opt_states = optimiser_bytes(params, optim)
     activations = saved + head_saved
+    if params.get("tokens_trained"):
+        # peft's trainable tokens merge their rows into a copy of the embedding and of the LM head matrix on every
+        # forward (kept for the backward), and the embedding's copy gets a dense fp32 gradient
+        activations += 2 * shape.vocab * shape.hidden * _BYTES[dtype]
+        head_grad += shape.vocab * shape.hidden * 4
     head_bwd += grad_hidden + head_grad
     if card.train.trainer == "orpo":
         # TRL's ORPO: the full logits of both halves, the chosen half's contiguous copy and log-softmax (its NLL term);
@@ -269,7 +314,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
             alternatives[f"weights (frozen), method.quantisation.upcast: {name}"] = value
     alternatives["activations, no checkpointing"] = saved_plain + head_saved
     alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
-    return {"seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
+    return {"architecture": arch["model_type"], "modelled": arch["modelled"], "note": arch["note"],
+            "seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
             "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,

@@ -66,7 +66,7 @@ def render(tokenizer: Any, enc: Encoded, title: str = "") -> str:
         flags += ' — <span class="lk-warn">prompt is not a token prefix</span>'
     text = html.escape(tokenizer.decode(enc.input_ids))
     return (f'<div class="lk-head"><b>{html.escape(title)}</b> · {flags}</div><div class="lk-ex">{"".join(parts)}</div>'
-            f'<details><summary class="lk-head">exact text after the chat template</summary><pre>{text}</pre></details>')
+            f'<details><summary class="lk-head">exact text after the prompt format</summary><pre>{text}</pre></details>')
 
 
 def _spans(tokenizer: Any, ids: list[int], classes: list[str]) -> str:
@@ -99,15 +99,18 @@ def render_pair(tokenizer: Any, pair: Any, title: str = "") -> str:
                     for side in ("chosen", "rejected"))
     return (f'<div class="lk-head"><b>{html.escape(title)}</b> · {flags}</div><div class="lk-ex">{prompt}</div>'
             f'<div class="lk-ex">chosen → {chosen}</div><div class="lk-ex">rejected → {rejected}</div>'
-            f'<details><summary class="lk-head">exact text of both sequences after the chat template</summary>'
+            f'<details><summary class="lk-head">exact text of both sequences after the prompt format</summary>'
             f'{texts}</details>')
 
 
 def render_page(tokenizer: Any, items: list[tuple[str, Any]]) -> str:
-    """A full HTML fragment with the legend and several examples (Encoded, or preference pairs)."""
+    """A full HTML fragment with the legend, the prompt format and several examples (Encoded, or preference pairs)."""
     legend = ('<div class="lk-head">Legend: <span class="lk-t lk-mask">masked (no loss)</span> '
               '<span class="lk-t lk-loss">loss</span> <span class="lk-t lk-mask lk-special">special token</span> '
               '⏎ newline</div>')
+    first = getattr(items[0][1], "chosen", items[0][1]) if items else None
+    if getattr(first, "prompt_format", ""):
+        legend += f'<div class="lk-head">Prompt format: <b>{html.escape(first.prompt_format)}</b></div>'
     if items and hasattr(items[0][1], "rejected"):
         legend = ('<div class="lk-head">Legend: <span class="lk-t lk-mask">masked (no loss)</span> '
                   '<span class="lk-t lk-loss">chosen answer: log-probability raised</span> '

@@ -72,6 +72,13 @@ def compare(estimates: list[dict[str, Any]], measured: list[dict[str, Any]]) -> 
     rows = []
     for est, got in zip(estimates, measured):
         step = got["memory"]["delta_bytes"]
+        if not est.get("modelled", True):  # an architecture the estimate does not model: the measurement alone
+            rows.append({"seq_len": est["seq_len"], "micro_batch": est["micro_batch"],
+                         "weights_gib_loaded": got["weights_bytes"] / GIB, "step_gib_measured": step / GIB,
+                         "step_error": None, "peak_gib_measured": got["peak_bytes"] / GIB,
+                         "seconds_per_step": got["seconds_per_step"], "measured_by": got["memory"]["method"],
+                         "note": est["note"]})
+            continue
         rows.append({"seq_len": est["seq_len"], "micro_batch": est["micro_batch"],
                      "weights_gib_estimated": est["weights_bytes"] / GIB, "weights_gib_loaded": got["weights_bytes"] / GIB,
                      "step_gib_estimated": est["step_bytes"] / GIB, "step_gib_measured": step / GIB,
@@ -83,7 +90,9 @@ def compare(estimates: list[dict[str, Any]], measured: list[dict[str, Any]]) -> 
 
 
 def breakdown_rows(estimates: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The estimate's terms (GiB) per sequence length, and the phase that sets the peak."""
+    """The estimate's terms (GiB) per sequence length, and the phase that sets the peak (or why there is no estimate)."""
+    if estimates and not estimates[0].get("modelled", True):
+        return [{"term": estimates[0]["note"]}]
     rows = []
     for term in estimates[0]["breakdown"]:
         rows.append({"term": term, **{f"{e['seq_len']} tokens": e["breakdown"][term] / GIB for e in estimates}})

@@ -7,7 +7,8 @@ from typing import Any
 
 from labkit.card.schema import Card
 from labkit.data.checks import raise_on_failed, run_checks  # noqa: F401 - stage 02's checks; stage 01 runs them first
-from labkit.data.prompting import Encoded
+from labkit.data.prompting import Encoded, encode_example
+from labkit.model.loading import chatml_ids
 
 # transformers takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
 # checks start fast
@@ -43,7 +44,7 @@ def _eos_ids(value: Any) -> set[int]:
 
 
 def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, Any]]:
-    """Checks that the tokenizer and chat template fit the model they are used with.
+    """Checks that the tokenizer and the prompt format (chat template or plain) fit the model they are used with.
 
     Args:
         resolved: the resolved model source (its config is read, not its weights).
@@ -62,17 +63,27 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
         generation = None
     declared = _eos_ids(getattr(config, "eos_token_id", None)) | _eos_ids(getattr(generation, "eos_token_id", None))
     vocab = getattr(config.get_text_config(), "vocab_size", None)
-    probe = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}]
-    rendered = tokenizer.apply_chat_template(probe, tokenize=False)
-    tail = rendered.split("ANSWER", 1)[-1]
+    added = bool(chatml_ids(card, tokenizer))
+    if added:  # labkit.model.loading.resize_for_tokenizer: ChatML's rows and EOS are given to the model on load
+        declared, vocab = declared | {tokenizer.eos_token_id}, max(vocab or 0, len(tokenizer))
+    if card.data.prompt.format == "plain":
+        probe = encode_example(tokenizer, card, "x", "ANSWER")
+        tail = tokenizer.decode(probe.input_ids[-1:])
+        closing = ("the plain format closes the answer with the EOS token", probe.input_ids[-1] == tokenizer.eos_token_id)
+    else:
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}], tokenize=False)
+        tail = rendered.split("ANSWER", 1)[-1]
+        closing = ("the chat template closes the answer with the EOS token", tokenizer.eos_token in tail)
     rows = [
         ("the tokenizer's EOS is an end token the model declares", not declared or tokenizer.eos_token_id in declared,
          f"tokenizer EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) vs the model's {sorted(declared)}: "
          "generation would not stop where training taught it to"),
-        ("every token id has an embedding row", vocab is None or len(tokenizer) <= vocab,
+        ("every token id has an embedding row" + (" (ChatML rows added on load)" if added else ""),
+         vocab is None or len(tokenizer) <= vocab,
          f"{len(tokenizer)} tokenizer entries vs {vocab} embedding rows: a tokenizer of another model?"),
-        ("the chat template closes the answer with the EOS token", tokenizer.eos_token in tail,
-         f"after the answer the template writes {tail!r}, not the EOS {tokenizer.eos_token!r}: the model learns to "
+        (*closing,
+         f"after the answer the prompt format writes {tail!r}, not the EOS {tokenizer.eos_token!r}: the model learns to "
          "stop with a token that generation does not stop on"),
     ]
     return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],

@@ -1,0 +1,145 @@
+"""Tiny Llama 3, Mistral, Qwen2 and Phi models in one process: encoding and stage 02's checks, LoRA, the update check
+on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The real-size
+configs (Llama 3 8B, Mistral 7B, Phi-2) are estimated on the meta device; an architecture the estimate does not model
+says so."""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from labkit.card.schema import Card
+from labkit.data import sources as D
+from labkit.data.checks import run_checks
+from labkit.evaluate.generation import generate_answers
+from labkit.model.loading import load_model, load_tokenizer
+from labkit.model.method import apply_method
+from labkit.model.sources import resolve
+from labkit.preflight.memory import architecture, estimate_step
+from labkit.preflight.stepchecks import update_check
+from labkit.stages.parameter_check import breakdown_rows, compare
+from labkit.stages.preprocessing import model_checks
+from labkit.train.trainer import build_trainer
+
+SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"}}
+LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6}  # LoRA'd linears per layer (Phi: q k v dense fc1 fc2)
+
+
+def card_for(name: str) -> Card:
+    raw = copy.deepcopy(SMOKE)
+    raw["model"]["source"] = f"tiny:{name}"
+    keep = {k: v for k, v in raw["data"]["prompt"].items() if k != "chat_template"}
+    raw["data"]["prompt"] = {**keep, **CASES[name]}
+    return Card.model_validate(raw)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    card = card_for("llama3")
+    return [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:12]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_architecture_checks_train_and_generate(name, rows) -> None:
+    card = card_for(name)
+    resolved = resolve(card.model.source)
+    tok = load_tokenizer(resolved, card)
+    _, checks = run_checks(tok, card, {"train": rows[:8]})
+    checks += model_checks(resolved, tok, card)
+    assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    model = apply_method(load_model(resolved, card, "cpu"), card)
+    trainer = build_trainer(card, model, tok, rows[:8], Path(tempfile.mkdtemp()), device="cpu", max_steps=2,
+                            lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True)
+    update = update_check(trainer, card, steps=2)
+    assert update["ok"], update["problems"]
+    tokens = [t for t in update["tensors"] if "trainable_tokens_delta" in t["name"]]
+    lora = 2 * 2 * LAYER_TENSORS[name]  # A and B, 2 layers
+    assert update["expected"] == update["changed"] == lora + len(tokens)
+    assert len(tokens) == (2 if name == "mistral" else 0)  # untied head: embedding rows and LM-head rows
+    from transformers import AutoConfig
+
+    est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
+    assert est["modelled"] and est["note"] is None and est["architecture"] == model.get_base_model().config.model_type
+    assert est["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    model.eval()
+    answers = generate_answers(model, tok, card, rows[:2])
+    assert len(answers) == 2 and all(isinstance(a, str) for a in answers)
+
+
+def test_real_size_configs_on_meta() -> None:
+    """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B and Phi-2 (parallel block, partial rotary,
+    dense biases) are all modelled; the LM head's 128k vocabulary shows in the loss-head term."""
+    from transformers import LlamaConfig, MistralConfig, PhiConfig, Qwen2Config
+
+    card = card_for("llama3")
+    llama3 = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0)
+    est = estimate_step(llama3, card, 512, micro_batch=2)
+    assert est["modelled"] and est["shape"]["kv_heads"] == 8 and est["shape"]["vocab"] == 128256
+    assert 7.9e9 < sum(est["breakdown"][k] for k in ("weights (frozen)",)) / 4 < 8.1e9  # 8.03B float32 weights
+    unpadded = estimate_step(llama3, card, 512, micro_batch=2, padded=False)
+    assert unpadded["activation_units_per_token_layer"]["keys, values"] == 2 * 8 * 128  # GQA: K/V at 8 heads
+    phi2 = PhiConfig(hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,
+                     partial_rotary_factor=0.4, vocab_size=51200)
+    phi_card = card_for("phi")
+    phi_est = estimate_step(phi2, phi_card, 512, micro_batch=2)
+    assert phi_est["modelled"] and phi_est["architecture"] == "phi"
+    units = phi_est["activation_units_per_token_layer"]
+    assert "fc1 output, GELU" in units and "gate, SiLU, up" not in units and "normed input (q/k/v, fc1)" in units
+    assert set(phi_est["adapted"]) == {"q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"}
+    for config in (MistralConfig(num_hidden_layers=2), Qwen2Config(num_hidden_layers=2)):
+        assert estimate_step(config, card, 128)["modelled"]
+
+
+def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:
+    from transformers import GPT2Config
+
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=600)
+    assert architecture(config) == {"model_type": "gpt2", "block": None, "modelled": False, "note": architecture(config)["note"]}
+    card = card_for("llama3")
+    card.method.target_modules = ["c_attn"]
+    est = estimate_step(config, card, 64)
+    assert not est["modelled"] and "does not model the gpt2 architecture" in est["note"]
+    measured = {"memory": {"delta_bytes": 2**20, "method": "rss"}, "weights_bytes": 2**20, "peak_bytes": 2**21,
+                "seconds_per_step": 0.1}
+    (row,) = compare([est], [measured])
+    assert row["step_error"] is None and row["step_gib_measured"] > 0 and "step_gib_estimated" not in row
+    assert breakdown_rows([est]) == [{"term": est["note"]}]
+
+
+@pytest.mark.parametrize("name,trainer,prompt", [("phi", "orpo", CASES["phi"]), ("mistral", "dpo", CASES["mistral"]),
+                                                 ("qwen2", "dpo", {"chat_template": "chatml"})])
+def test_preference_trainers_in_each_format(name, trainer, prompt) -> None:
+    """DPO and ORPO read the same prompt format: pairs pass stage 02's checks and the update check passes on TRL's
+    preference trainers, whose fused LM head reads the head's weight and bias (ChatML rows of an untied head, Mistral,
+    and of a tied one, Qwen2)."""
+    raw = copy.deepcopy(SMOKE)
+    raw["model"]["source"] = f"tiny:{name}"
+    keep = {k: v for k, v in raw["data"]["prompt"].items() if k != "chat_template"}
+    raw["data"]["prompt"] = {**keep, **prompt}
+    raw["data"]["fields"]["rejected"] = "rejected"
+    raw["train"].update(trainer=trainer, beta=0.1)
+    card = Card.model_validate(raw)
+    resolved = resolve(card.model.source)
+    tok = load_tokenizer(resolved, card)
+    pairs = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+    encoded, checks = run_checks(tok, card, {"train": pairs})
+    assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
+    first = encoded["train"][0]
+    if name == "phi":
+        assert tok.decode(first.prompt_ids).endswith("### Response:\n")
+    else:
+        assert tok.decode(first.prompt_ids).endswith("<|im_start|>assistant\n")
+    model = apply_method(load_model(resolved, card, "cpu"), card)
+    trainer_ = build_trainer(card, model, tok, pairs, Path(tempfile.mkdtemp()), device="cpu", max_steps=2,
+                             lr_scheduler_type="constant", warmup_steps=0, disable_tqdm=True)
+    update = update_check(trainer_, card, steps=2)
+    assert update["ok"], update["problems"]
+    tokens = [t for t in update["tensors"] if "trainable_tokens_delta" in t["name"]]
+    assert len(tokens) == {"phi": 0, "mistral": 2, "qwen2": 1}[name] and all(t["changed"] for t in tokens)
