@@ -35,7 +35,7 @@ from labkit.data.prepare import load_split
 from labkit.data.prompting import prompt_ids
 from labkit.data.sources import sha256_text
 from labkit.evaluate.generation import batches, generate_answers
-from labkit.model.loading import load_model, pick_device
+from labkit.model.loading import load_model, load_tokenizer, pick_device, resize_for_tokenizer
 from labkit.model.sources import ResolvedModel, resolve, sha256_file
 
 # peft, safetensors, torch, transformers take seconds to import: imported inside the functions that use them, so
@@ -142,6 +142,8 @@ def load_base_float32(resolved: Any, card: Any, device: str) -> Any:
     model = AutoModelForCausalLM.from_pretrained(resolved.location, dtype=torch.float32,
                                                  trust_remote_code=card.model.trust_remote_code,
                                                  **resolved.from_pretrained_kwargs())
+    if card.data.prompt.format == "chat" and card.data.prompt.chat_template == "chatml":  # the rows training had
+        resize_for_tokenizer(model, card, load_tokenizer(resolved, card))
     return model.to(device).eval()
 
 
@@ -160,9 +162,11 @@ def merged_tensors(model: Any) -> dict[str, Any]:
     adapter = model.active_adapter
     out = {}
     for name, tensor in model.get_base_model().state_dict(keep_vars=True).items():
-        if ".lora_" in name or ".original_module." in name:
+        if ".lora_" in name or ".original_module." in name or ".trainable_tokens_" in name:
             continue
-        out[name.replace(".base_layer.", ".").replace(f".modules_to_save.{adapter}.", ".")] = tensor
+        # a trainable-tokens wrapper (ChatML's rows) holds the base weight under token_adapter.base_layer
+        out[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")
+            .replace(f".modules_to_save.{adapter}.", ".")] = tensor
     return out
 
 

@@ -93,3 +93,17 @@ def test_chatml_trains_exactly_the_new_rows(arch_run: tuple[str, Path]) -> None:
     assert not update["changed_frozen"]
     adapter = run / "training" / "adapter"
     assert "<|im_start|>" in (adapter / "tokenizer_config.json").read_text() + (adapter / "tokenizer.json").read_text()
+
+
+def test_chatml_run_exports_and_reloads(arch_run: tuple[str, Path]) -> None:
+    name, run = arch_run
+    if CASES[name].get("chat_template") != "chatml":
+        pytest.skip("only the chatml card adds rows the export must rebuild")
+    from labkit.export.deliver import export
+
+    # the float32 base the adapter is merged into gets ChatML's rows as training had them; the reload reproduces
+    # the run's predictions and the merged weights
+    result = export(run.name, run.parent.parent, merged=True)
+    report = json.loads((run / "export" / "reload_check.json").read_text())
+    assert result["ok"] and report["ok"] and report["identical"], report
+    assert report["merged_weights"]["ok"]
