@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from labkit.card.sections import Data, Experiment, Strict
+from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict
 from labkit.scoring.metrics import METRICS, RUN_METRICS
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
@@ -233,6 +233,24 @@ class Card(Strict):
         if t.loss_normalisation != "tokens":
             raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
                              "normalises its own loss); remove it from this card")
+        return self
+
+    @model_validator(mode="after")
+    def _splits_fit_source(self) -> "Card":
+        given = self.data.split.from_source
+        if isinstance(self.data.source, FilesSource):
+            if given is None:
+                raise ValueError("data.split.from_source: a files source keeps its files as splits; add data.split: {from_source: "
+                                 "{train: <name>, validation: <name>, test: <name>}} naming keys of data.source.files")
+            unknown = sorted(set(given.values()) - set(self.data.source.files))
+            if unknown:
+                raise ValueError(f"data.split.from_source: {', '.join(map(repr, unknown))} is not a key of data.source.files "
+                                 f"({', '.join(self.data.source.files)})")
+        elif given is not None and not isinstance(self.data.source, HubSource):
+            raise ValueError("data.split.from_source: applies to a hub source (hf:) or a files source (data.source.files); "
+                             "for a column that names the split use data.split.field")
+        if given is not None and len(set(given.values())) != len(given):
+            raise ValueError("data.split.from_source: two splits name the same source split; each needs its own")
         return self
 
     @model_validator(mode="after")

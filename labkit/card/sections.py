@@ -85,12 +85,26 @@ class PathSource(Strict):
 
 class HubSource(Strict):
     hf: str = Field(description="dataset name for datasets.load_dataset")
-    revision: str = Field(description="exact revision (commit hash) of the dataset")
+    revision: str = Field(description="exact revision (40-hex commit hash) of the dataset, or resolve: the hub's "
+                          "current commit, looked up once at the experiment's first run and recorded")
     config: str | None = None
-    split: str = "train"
+    split: str = Field(default="train", description="the one split read when data.split.from_source is not set")
 
 
-DataSource = Union[BuiltinSource, PathSource, HubSource]
+class FilesSource(Strict):
+    files: dict[str, str] = Field(description="one file per split of the source, {name: path}, relative to the card; "
+                                  "data.split.from_source says which name is train, validation and test")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet"] = "auto"
+
+    @field_validator("files")
+    @classmethod
+    def _some(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("name at least one file, e.g. {train: train.jsonl, validation: validation.jsonl}")
+        return value
+
+
+DataSource = Union[BuiltinSource, PathSource, HubSource, FilesSource]
 
 
 class Fields(Strict):
@@ -154,6 +168,19 @@ class Split(Strict):
     seed: int = 13
     stratify: str | None = Field(default="category", description="column to stratify by, or null")
     field: str | None = Field(default=None, description="a column that already says train/validation/test (fractions are then ignored)")
+    from_source: dict[Literal["train", "validation", "test"], str] | None = Field(
+        default=None, description="the source's own splits kept as given: {train: <source split>, validation: …, test: …} "
+        "(a hub data set's split names, or the names of data.source.files); test may be left out; fractions, seed and "
+        "stratify are then ignored")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "Split":
+        if self.field and self.from_source:
+            raise ValueError("give either field (a column) or from_source (the source's splits), not both")
+        if self.from_source is not None and not {"train", "validation"} <= set(self.from_source):
+            raise ValueError("from_source needs at least train and validation, e.g. {train: train, validation: validation, "
+                             "test: test}")
+        return self
 
 
 class Leakage(Strict):

@@ -26,7 +26,8 @@ from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.data.prepare import derive_splits
-from labkit.data.sources import file_sha256, split_sha256
+from labkit.data.reading import file_sha256
+from labkit.data.sources import split_sha256
 from labkit.errors import (
     DataError,
     MissingInput,
