@@ -113,6 +113,9 @@ def read_hub(source: HubSource, split: str | None = None, path: str | None = Non
         the rows, each with "__where__".
     """
     split = split or source.split
+    if source.revision == hub.RESOLVE:
+        raise DataError(f"data.source.revision: {hub.RESOLVE} is looked up when a run starts (labkit run, or a stage "
+                        "notebook) and recorded in its pins.json; or write the 40-hex commit hash")
     if path is None:
         hub.check_pin("data.source.revision", source.revision, DataError)
         hub.check_reachable("dataset", source.hf, source.revision, DataError, "data.source.hf")

@@ -19,7 +19,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
-from labkit.core.protocol import check_protocol
+from labkit.core.protocol import check_protocol, pin_card
 from labkit.data.checks import check_card_data
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
@@ -52,6 +52,7 @@ class Stage:
         self.interactive = interactive
         self.device = pick_device()
         self._start = time.monotonic()
+        self.pins = pin_card(self.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
 
     def __repr__(self) -> str:
         return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r})"
