@@ -215,14 +215,21 @@ class Card(Strict):
     @model_validator(mode="after")
     def _trainer_fits(self) -> "Card":
         t = self.train
+        if self.data.rejected is not None and self.data.fields.rejected is not None:
+            raise ValueError("data.rejected: the rejected answers come either from a column (data.fields.rejected) or "
+                             "from the base model (data.rejected: {from: base_model}); remove one of them")
         if t.trainer == "sft":
             if t.beta is not None:
                 raise ValueError("train.beta: applies to train.trainer dpo or orpo only; remove it from this sft card")
+            if self.data.rejected is not None:
+                raise ValueError("data.rejected: rejected answers are for train.trainer dpo or orpo; remove it from this "
+                                 "sft card")
             return self
-        if self.data.fields.rejected is None:
+        if self.data.fields.rejected is None and self.data.rejected is None:
             raise ValueError(f"data.fields.rejected: train.trainer {t.trainer} trains on preference pairs; set "
                              "data.fields.rejected to the column holding the rejected answer (data.fields.target is the "
-                             "chosen one), or use train.trainer: sft")
+                             "chosen one), or data.rejected: {from: base_model} (the base model's own answers), or "
+                             "use train.trainer: sft")
         if t.packing:
             raise ValueError(f"train.packing: packing does not apply to preference pairs (train.trainer {t.trainer}); "
                              "set train.packing: false")

@@ -204,6 +204,15 @@ class Prompt(Strict):
         return value
 
 
+class RejectedFrom(Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    from_: Literal["base_model"] = Field(
+        alias="from", description="base_model: each training and validation row's rejected answer is the base model's "
+        "own greedy answer to its prompt (generated once with the eval settings, cached by model revision, data version "
+        "and prompt format)")
+
+
 class Data(Strict):
     source: DataSource
     fields: Fields = Field(default_factory=Fields)
@@ -213,6 +222,9 @@ class Data(Strict):
     leakage: Leakage = Field(default_factory=Leakage)
     prompt: Prompt = Field(default_factory=Prompt)
     max_length: int = Field(default=512, ge=16)
+    rejected: RejectedFrom | None = Field(
+        default=None, description="preference pairs without a rejected column: {from: base_model} (train.trainer dpo / "
+        "orpo); leave data.fields.rejected unset")
 
     @field_validator("cleaning")
     @classmethod

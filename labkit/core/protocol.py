@@ -58,7 +58,7 @@ def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[s
         if reference[key] is None or other.get(key) is None:
             continue
         for sub, change in card_diff(reference[key], other[key], f"{key}.").items():
-            if sub not in NOT_PROTOCOL and not sub.startswith("data.source.files."):
+            if sub not in NOT_PROTOCOL and not sub.startswith(("data.source.files.", "data.rejected")):
                 out[sub] = {"reference": change["parent"], "run": change["card"]}
     return out
 
