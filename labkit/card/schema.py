@@ -256,6 +256,9 @@ class Card(Strict):
         elif given is not None and not isinstance(self.data.source, HubSource):
             raise ValueError("data.split.from_source: applies to a hub source (hf:) or a files source (data.source.files); "
                              "for a column that names the split use data.split.field")
+        if given is not None and isinstance(self.data.source, HubSource) and "split" in self.data.source.model_fields_set:
+            raise ValueError("data.source.split: the one split read without data.split.from_source; with from_source "
+                             "the mapping names the splits: remove data.source.split")
         if given is not None and len(set(given.values())) != len(given):
             raise ValueError("data.split.from_source: two splits name the same source split; each needs its own")
         return self

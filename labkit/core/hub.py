@@ -90,13 +90,15 @@ def resolve_commit(kind: str, repo: str, error: type[LabkitError], key: str) -> 
     if offline():
         raise error(f"{key}: {RESOLVE} needs the hub once to look up hf:{repo}'s current commit, and HF_HUB_OFFLINE=1; "
                     "write the 40-hex commit hash in the card instead")
-    sha = getattr(_ask(kind, repo, None, error, key), "sha", None)
+    sha = getattr(_ask(kind, repo, None, error, key, "check the network, or write the 40-hex commit hash in the card"),
+                  "sha", None)
     if not sha or not COMMIT.match(sha):
         raise error(f"{key}: the hub gave no commit for hf:{repo}; write the 40-hex commit hash in the card instead")
     return sha
 
 
-def _ask(kind: str, repo: str, revision: str | None, error: type[LabkitError], key: str) -> object:
+def _ask(kind: str, repo: str, revision: str | None, error: type[LabkitError], key: str,
+         fix: str = "check the network, or set HF_HUB_OFFLINE=1 to use the local cache") -> object:
     """One model_info / dataset_info request; every failure is one line naming the key."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
@@ -118,5 +120,4 @@ def _ask(kind: str, repo: str, revision: str | None, error: type[LabkitError], k
     except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeout: one line, no retry loop
         first = (str(exc).splitlines() or [""])[0][:120]
         raise error(f"{key}: the hub ({endpoint or 'https://huggingface.co'}) cannot be reached for {name} "
-                    f"({type(exc).__name__}: {first}); check the network, or set HF_HUB_OFFLINE=1 to use the local "
-                    "cache") from None
+                    f"({type(exc).__name__}: {first}); {fix}") from None

@@ -59,7 +59,7 @@ def test_resolve_against_an_unreachable_hub_fails_in_one_line(monkeypatch: pytes
         hub.resolve_commit("model", "acme/tiny-model", ModelSourceError, "model.revision")
     text = str(info.value)
     assert text.startswith("model.revision: the hub (http://127.0.0.1:9) cannot be reached for hf:acme/tiny-model")
-    assert "\n" not in text
+    assert text.endswith("check the network, or write the 40-hex commit hash in the card") and "\n" not in text
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ModelSourceError, match="HF_HUB_OFFLINE=1; write the 40-hex commit hash"):
         hub.resolve_commit("model", "acme/tiny-model", ModelSourceError, "model.revision")

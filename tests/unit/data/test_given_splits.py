@@ -117,6 +117,10 @@ def test_from_source_card_errors_name_the_key(tmp_path: Path) -> None:
          "data.source.files.x: file not found: missing.jsonl"),
         ({"split": {"from_source": {"train": "train", "validation": "validation"}}},
          "applies to a hub source .* or a files source"),
+        ({"source": {"hf": "acme/dialogs", "revision": "a" * 40, "split": "train"},
+          "split": {"from_source": {"train": "train", "validation": "validation"}}}, "data.source.split: .* remove"),
+        ({"source": {"files": files}, "split": {"from_source": {"train": "training", "validation": "training"}}},
+         "two splits name the same source split"),
     ]
     for data, message in cases:
         with pytest.raises(CardError, match=message) as info:
