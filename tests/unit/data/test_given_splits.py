@@ -14,7 +14,8 @@ from labkit.core import runs as R
 from labkit.data import reading
 from labkit.data import sources as D
 from labkit.data.prepare import derive_splits, prepare
-from labkit.errors import CardError, LeakageError
+from labkit.errors import CardError, DataError, LeakageError
+from labkit.experiment.final import open_test_split
 
 
 def _answer(i: int) -> str:
@@ -73,6 +74,12 @@ def test_files_source_keeps_each_file_as_its_split_and_hashes_them(tmp_path: Pat
     assert manifest["split"]["spec"]["from_source"] == {"train": "training", "validation": "dev", "test": "held"}
     assert not (run.dir / "data" / "test.jsonl").exists()  # the test split stays locked
     assert manifest["split"]["sha256"]["test"] == D.split_sha256(derived.splits["test"])
+    # `labkit final`'s one way to the test rows re-derives them from the files and checks them against the manifest
+    assert [r["id"] for r in open_test_split(run, tok)] == [f"h{i}" for i in range(4)]
+    _write(tmp_path, "held.jsonl", _rows("h", 3))
+    with pytest.raises(DataError, match="the data changed since the run"):
+        open_test_split(run, tok)
+    _write(tmp_path, "held.jsonl", _rows("h", 4))
 
     # moving one row from the validation file to the test file changes the splits' hashes and the data version
     other = tmp_path / "moved"
