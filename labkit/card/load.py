@@ -178,7 +178,7 @@ def _expected(err: dict[str, Any]) -> str:
     return err.get("msg", "invalid value")
 
 
-_UNION_TAGS = {"BuiltinSource", "PathSource", "HubSource", "RegexRule", "full", "lora", "qlora", "str", "list[str]", "int",
+_UNION_TAGS = {"BuiltinSource", "PathSource", "HubSource", "FilesSource", "RegexRule", "full", "lora", "qlora", "str", "list[str]", "int",
                "float", "bool", "constrained-str"}
 
 
@@ -294,6 +294,12 @@ def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node 
             raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: file not found: {source.path} "
                             f"(looked for {resolved}; paths are relative to the card's folder)")
         source.path = str(resolved)
+    for name, ref in (getattr(source, "files", None) or {}).items():  # a files source: one file per split
+        resolved = _resolve_relative(ref, card_path)
+        if not resolved.is_file():
+            raise CardError(f"{where(('data', 'source', 'files', name))}: data.source.files.{name}: file not found: {ref} "
+                            f"(looked for {resolved}; paths are relative to the card's folder)")
+        source.files[name] = str(resolved)
     model = card.model.source
     if not _SCHEME.match(model):  # a local model folder or .gguf file
         resolved = _resolve_relative(model, card_path)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from labkit.card.sections import Data, Experiment, Strict
+from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict
 from labkit.scoring.metrics import METRICS, RUN_METRICS
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
@@ -215,14 +215,21 @@ class Card(Strict):
     @model_validator(mode="after")
     def _trainer_fits(self) -> "Card":
         t = self.train
+        if self.data.rejected is not None and self.data.fields.rejected is not None:
+            raise ValueError("data.rejected: the rejected answers come either from a column (data.fields.rejected) or "
+                             "from the base model (data.rejected: {from: base_model}); remove one of them")
         if t.trainer == "sft":
             if t.beta is not None:
                 raise ValueError("train.beta: applies to train.trainer dpo or orpo only; remove it from this sft card")
+            if self.data.rejected is not None:
+                raise ValueError("data.rejected: rejected answers are for train.trainer dpo or orpo; remove it from this "
+                                 "sft card")
             return self
-        if self.data.fields.rejected is None:
+        if self.data.fields.rejected is None and self.data.rejected is None:
             raise ValueError(f"data.fields.rejected: train.trainer {t.trainer} trains on preference pairs; set "
                              "data.fields.rejected to the column holding the rejected answer (data.fields.target is the "
-                             "chosen one), or use train.trainer: sft")
+                             "chosen one), or data.rejected: {from: base_model} (the base model's own answers), or "
+                             "use train.trainer: sft")
         if t.packing:
             raise ValueError(f"train.packing: packing does not apply to preference pairs (train.trainer {t.trainer}); "
                              "set train.packing: false")
@@ -233,6 +240,27 @@ class Card(Strict):
         if t.loss_normalisation != "tokens":
             raise ValueError(f"train.loss_normalisation: micro_batch_mean is an sft setting (TRL's {t.trainer} trainer "
                              "normalises its own loss); remove it from this card")
+        return self
+
+    @model_validator(mode="after")
+    def _splits_fit_source(self) -> "Card":
+        given = self.data.split.from_source
+        if isinstance(self.data.source, FilesSource):
+            if given is None:
+                raise ValueError("data.split.from_source: a files source keeps its files as splits; add data.split: {from_source: "
+                                 "{train: <name>, validation: <name>, test: <name>}} naming keys of data.source.files")
+            unknown = sorted(set(given.values()) - set(self.data.source.files))
+            if unknown:
+                raise ValueError(f"data.split.from_source: {', '.join(map(repr, unknown))} is not a key of data.source.files "
+                                 f"({', '.join(self.data.source.files)})")
+        elif given is not None and not isinstance(self.data.source, HubSource):
+            raise ValueError("data.split.from_source: applies to a hub source (hf:) or a files source (data.source.files); "
+                             "for a column that names the split use data.split.field")
+        if given is not None and isinstance(self.data.source, HubSource) and "split" in self.data.source.model_fields_set:
+            raise ValueError("data.source.split: the one split read without data.split.from_source; with from_source "
+                             "the mapping names the splits: remove data.source.split")
+        if given is not None and len(set(given.values())) != len(given):
+            raise ValueError("data.split.from_source: two splits name the same source split; each needs its own")
         return self
 
     @model_validator(mode="after")

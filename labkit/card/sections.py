@@ -85,12 +85,26 @@ class PathSource(Strict):
 
 class HubSource(Strict):
     hf: str = Field(description="dataset name for datasets.load_dataset")
-    revision: str = Field(description="exact revision (commit hash) of the dataset")
+    revision: str = Field(description="exact revision (40-hex commit hash) of the dataset, or resolve: the hub's "
+                          "current commit, looked up once at the experiment's first run and recorded")
     config: str | None = None
-    split: str = "train"
+    split: str = Field(default="train", description="the one split read when data.split.from_source is not set")
 
 
-DataSource = Union[BuiltinSource, PathSource, HubSource]
+class FilesSource(Strict):
+    files: dict[str, str] = Field(description="one file per split of the source, {name: path}, relative to the card; "
+                                  "data.split.from_source says which name is train, validation and test")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet"] = "auto"
+
+    @field_validator("files")
+    @classmethod
+    def _some(cls, value: dict[str, str]) -> dict[str, str]:
+        if not value:
+            raise ValueError("name at least one file, e.g. {train: train.jsonl, validation: validation.jsonl}")
+        return value
+
+
+DataSource = Union[BuiltinSource, PathSource, HubSource, FilesSource]
 
 
 class Fields(Strict):
@@ -154,6 +168,19 @@ class Split(Strict):
     seed: int = 13
     stratify: str | None = Field(default="category", description="column to stratify by, or null")
     field: str | None = Field(default=None, description="a column that already says train/validation/test (fractions are then ignored)")
+    from_source: dict[Literal["train", "validation", "test"], str] | None = Field(
+        default=None, description="the source's own splits kept as given: {train: <source split>, validation: …, test: …} "
+        "(a hub data set's split names, or the names of data.source.files); test may be left out; fractions, seed and "
+        "stratify are then ignored")
+
+    @model_validator(mode="after")
+    def _one_way(self) -> "Split":
+        if self.field and self.from_source:
+            raise ValueError("give either field (a column) or from_source (the source's splits), not both")
+        if self.from_source is not None and not {"train", "validation"} <= set(self.from_source):
+            raise ValueError("from_source needs at least train and validation, e.g. {train: train, validation: validation, "
+                             "test: test}")
+        return self
 
 
 class Leakage(Strict):
@@ -208,6 +235,15 @@ class Prompt(Strict):
         return self.template if self.template is not None else PLAIN_TEMPLATE
 
 
+class RejectedFrom(Strict):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    from_: Literal["base_model"] = Field(
+        alias="from", description="base_model: each training and validation row's rejected answer is the base model's "
+        "own greedy answer to its prompt (generated once with the eval settings, cached by model revision, data version "
+        "and prompt format)")
+
+
 class Data(Strict):
     source: DataSource
     fields: Fields = Field(default_factory=Fields)
@@ -217,6 +253,9 @@ class Data(Strict):
     leakage: Leakage = Field(default_factory=Leakage)
     prompt: Prompt = Field(default_factory=Prompt)
     max_length: int = Field(default=512, ge=16)
+    rejected: RejectedFrom | None = Field(
+        default=None, description="preference pairs without a rejected column: {from: base_model} (train.trainer dpo / "
+        "orpo); leave data.fields.rejected unset")
 
     @field_validator("cleaning")
     @classmethod

@@ -106,13 +106,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_data(loaded: Any) -> dict[str, int]:
+def _check_data(loaded: Any, root: Path) -> dict[str, int]:
     """Stage 01's preparation in memory (model source resolved for its tokenizer): split sizes; writes no run."""
+    from labkit.core.protocol import pin_card
     from labkit.data.prepare import checked_splits
     from labkit.model.loading import load_tokenizer
     from labkit.model.sources import resolve
 
     card = loaded.card
+    pin_card(card, root, card.experiment.id)  # revision: resolve → the experiment's commit (asked once), not recorded
     tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
     derived, _ = checked_splits(card, tokenizer)
     return {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
@@ -127,7 +129,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
-            sizes = _check_data(loaded) if args.data else None
+            sizes = _check_data(loaded, _root(args, loaded.path.parent)) if args.data else None
         except LabkitError as exc:
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)

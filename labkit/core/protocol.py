@@ -4,6 +4,10 @@ A variant is comparable with the experiment when its protocol-fixed keys (evalua
 version, budget) equal the experiment's reference protocol — the one most of its completed runs share. The
 commands that start a run (`labkit run`, `labkit stage`, a notebook opened by hand) call `check_protocol`
 before `labkit.core.runs.new_run` creates anything.
+
+Hub commits are fixed too: every run records the commits of its `hf:` model and data set in `pins.json`
+(`pin_card`); `revision: resolve` is looked up once, at the experiment's first run, and every later variant
+takes the recorded commit, and a variant that names another commit of the same repository changes the protocol.
 """
 
 from __future__ import annotations
@@ -11,14 +15,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
 from labkit.card.load import card_diff
-from labkit.core import io
+from labkit.card.schema import Card
+from labkit.core import hub, io
 from labkit.core import runs as R
-from labkit.errors import CardError
+from labkit.errors import CardError, DataError, LabkitError, ModelSourceError
 
 PROTOCOL_KEYS = ("eval", "train.seed", "budget", "data")
 
@@ -36,14 +41,14 @@ def run_protocol(run_dir: Path) -> dict[str, Any]:
     manifest = run_dir / "data_manifest.json"
     data = io.read_json(manifest) if manifest.exists() else {}
     return {**card_protocol(card), "data_version": data.get("data_version"),
-            "preference_version": (data.get("preference") or {}).get("version")}
+            "preference_version": (data.get("preference") or {}).get("version"), "pins": read_pins(run_dir)}
 
 
 # where a data file lives is not part of the protocol (another checkout, another path); its content is, through
 # the data version that stage 01 records. The rejected answers of preference pairs are the method's extra training
 # signal, like the method itself: a dpo/orpo variant evaluates on the same rows as its sft siblings (their data
 # version leaves the rejected answers out), and two preference runs are compared on their preference_version.
-NOT_PROTOCOL = ("data.source.path", "data.fields.rejected")
+NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revision")  # the commit: see pins
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
@@ -53,7 +58,7 @@ def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[s
         if reference[key] is None or other.get(key) is None:
             continue
         for sub, change in card_diff(reference[key], other[key], f"{key}.").items():
-            if sub not in NOT_PROTOCOL:
+            if sub not in NOT_PROTOCOL and not sub.startswith(("data.source.files.", "data.rejected")):
                 out[sub] = {"reference": change["parent"], "run": change["card"]}
     return out
 
@@ -78,6 +83,7 @@ def check_protocol(resolved: dict[str, Any], root: Path, where: str) -> dict[str
         return {}
     ref_card = yaml.safe_load((root / experiment / reference / "card.yaml").read_text(encoding="utf-8"))
     changes = protocol_changes(card_protocol(ref_card), card_protocol(resolved))
+    changes.update(_pin_changes(read_pins(root / experiment / reference), Card.model_validate(resolved)))
     if changes and not resolved["experiment"].get("protocol_change"):
         listed = "; ".join(f"{k}: {v['reference']} → {v['run']}" for k, v in changes.items())
         raise CardError(f"{where}: changes protocol-fixed key(s) of experiment {experiment!r} against its reference run "
@@ -123,3 +129,88 @@ def experiment_runs(root: Path, experiment: str, current: str | None = None) -> 
                      "reason": row.get("error") or "", "dir": folder, "started": row.get("started"),
                      "has_results": has_results, "stage": row.get("stage", "")})
     return rows
+
+
+# --------------------------------------------------------------------------- hub commits (pins.json)
+PINS = "pins.json"
+
+
+def hub_revisions(card: Card) -> dict[str, dict[str, str]]:
+    """The card's `hf:` model and data set: {card key: {"kind", "repo", "given"}} (given: a commit or resolve)."""
+    out = {}
+    source = card.model.source
+    if source.startswith("hf:"):
+        repo, _, rev = source[3:].partition("@")
+        out["model.revision"] = {"kind": "model", "repo": repo, "given": rev or card.model.revision or ""}
+    data = card.data.source
+    if hasattr(data, "hf"):
+        out["data.source.revision"] = {"kind": "dataset", "repo": data.hf, "given": data.revision}
+    return out
+
+
+def read_pins(run_dir: Path) -> dict[str, Any] | None:
+    """A run's recorded hub commits ({card key: {"repo", "commit", "resolved"}}), or None when it has none."""
+    path = Path(run_dir) / PINS
+    return io.read_json(path) if path.exists() else None
+
+
+def pin_card(card: Card, root: Path, experiment: str, run_dir: Path | None = None,
+             resolver: Callable[[str, str, type[LabkitError], str], str] = hub.resolve_commit) -> dict[str, Any]:
+    """Put exact hub commits into the card: the run's recorded ones, else the experiment's, else look them up once.
+
+    `revision: resolve` takes the commit an earlier run of the experiment recorded for the same repository; only the
+    experiment's first run asks the hub (`resolver`). With `run_dir` the commits are written to its `pins.json`
+    (once), so every later stage, `labkit final` and export use the same commit.
+
+    Args:
+        card: the card; model.revision and data.source.revision are set to the commits in place.
+        root: the runs root.
+        experiment: the experiment id.
+        run_dir: the run folder (None: pin without recording, e.g. `labkit check --data`).
+        resolver: (kind, repo, error, key) -> commit; the hub by default (a seam for tests).
+    Returns:
+        {card key: {"repo", "commit", "resolved"}} ({} when the card names no hub source).
+    """
+    wanted = hub_revisions(card)
+    pins = read_pins(run_dir) if run_dir is not None else None
+    if pins is None:
+        pins = {}
+        earlier = _experiment_pins(root, experiment)
+        for key, item in wanted.items():
+            given, repo = item["given"], item["repo"]
+            if given != hub.RESOLVE:
+                pins[key] = {"repo": repo, "commit": given, "resolved": False}
+                continue
+            commit = earlier.get((key, repo))
+            if commit is None:
+                error = ModelSourceError if item["kind"] == "model" else DataError
+                commit = resolver(item["kind"], repo, error, key)
+            pins[key] = {"repo": repo, "commit": commit, "resolved": True}
+        if run_dir is not None and pins:
+            io.write_json(Path(run_dir) / PINS, pins)
+    if "model.revision" in pins:
+        card.model.revision = pins["model.revision"]["commit"]
+    if "data.source.revision" in pins:
+        card.data.source.revision = pins["data.source.revision"]["commit"]  # type: ignore[union-attr]
+    return pins
+
+
+def _experiment_pins(root: Path, experiment: str) -> dict[tuple[str, str], str]:
+    """(card key, repo) -> the commit the experiment's earliest run recorded for it."""
+    out: dict[tuple[str, str], str] = {}
+    folder = Path(root) / experiment
+    runs = sorted(folder.glob(f"*/{PINS}"), key=lambda p: (p.stat().st_mtime, p.parent.name)) if folder.exists() else []
+    for path in runs:
+        for key, pin in io.read_json(path).items():
+            out.setdefault((key, pin["repo"]), pin["commit"])
+    return out
+
+
+def _pin_changes(reference: dict[str, Any] | None, card: Card) -> dict[str, Any]:
+    """A named commit that differs from the reference run's commit for the same repository (resolve takes it)."""
+    out = {}
+    for key, item in hub_revisions(card).items():
+        pin = (reference or {}).get(key)
+        if pin and pin["repo"] == item["repo"] and item["given"] not in (hub.RESOLVE, pin["commit"]):
+            out[key] = {"reference": pin["commit"], "run": item["given"]}
+    return out

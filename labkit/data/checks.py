@@ -35,7 +35,7 @@ def check_card_data(loaded: LoadedCard) -> None:
     """
     data = loaded.card.data
     spec, fields, fmt = data.split, data.fields, data.target_format
-    if not spec.field:
+    if not spec.field and spec.from_source is None:
         left = 1 - spec.validation - spec.test
         if left < MIN_TRAIN_FRACTION - 1e-9:
             raise CardError(f"{loaded.where('data.split.validation')}: data.split: validation {spec.validation} + test "

@@ -157,12 +157,14 @@ def preference_manifest(tokenizer: Any, card: Card, splits: dict[str, list[dict[
 
     The data version leaves the rejected answers out (`labkit.data.sources.split_sha256`); this block versions them.
     """
-    sha = {name: rows_hash([{"id": r["id"], "rejected": r["rejected"]} for r in rows]) for name, rows in splits.items()}
+    sha = {name: rows_hash([{"id": r["id"], "rejected": r["rejected"]} for r in rows]) for name, rows in splits.items()
+           if name != "test" or not card.data.rejected}  # the base model answers train and validation only
     tokenised = {name: rows_hash([{"ids": p.rejected.input_ids, "labels": p.rejected.labels}
                                   for p in encode_pairs(tokenizer, card, rows)])
                  for name, rows in splits.items() if name != "test"}
     version = sha256_text(json.dumps({"sha256": sha, "tokenised": tokenised}, sort_keys=True))[:12]
-    return {"field": card.data.fields.rejected, "trainer": card.train.trainer, "sha256": sha,
+    return {"field": card.data.fields.rejected or ("base_model" if card.data.rejected else None),
+            "trainer": card.train.trainer, "sha256": sha,
             "tokenised_sha256": tokenised, "version": version}
 
 

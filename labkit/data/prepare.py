@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import labkit
 from labkit.card.schema import Card
@@ -87,6 +87,7 @@ class DerivedSplits:
         cleaning: one report per cleaning rule (removed ids, changed rows).
         leakage: the leakage report (pairs, summary, dropped ids).
         references: rows whose reference was checked against data.target_format, per split (counts only).
+        rejected: how the base model's answers filled the rejected answers (`data.rejected`), else None.
     """
 
     splits: dict[str, list[dict[str, Any]]]
@@ -96,6 +97,11 @@ class DerivedSplits:
     cleaning: list[dict[str, Any]]
     leakage: dict[str, Any]
     references: dict[str, int]
+    rejected: dict[str, Any] | None = None
+
+
+# answer(splits, data_version) -> {"answers": {split: {row id: text}}, "cache": {...}}: labkit.evaluate.base_answers
+BaseAnswers = Callable[[dict[str, list[dict[str, Any]]], str], dict[str, Any]]
 
 
 def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
@@ -133,28 +139,67 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
                          leakage=leak_report, references=references)
 
 
-def checked_splits(card: Card, tokenizer: Any) -> tuple[DerivedSplits, dict[str, list[Any]]]:
+def checked_splits(card: Card, tokenizer: Any,
+                   base_answers: BaseAnswers | None = None) -> tuple[DerivedSplits, dict[str, list[Any]]]:
     """The splits with every check that needs only the data and the tokenizer passed; writes nothing.
 
     The references of every split are checked by `derive_splits`; then stage 02's encoding checks (truncation,
     loss positions, EOS) run on train and validation, so that they fail here, with stage 02's message, before
-    the baseline spends compute. `prepare` and `labkit check --data` call it.
+    the baseline spends compute. `prepare` and `labkit check --data` call it. With `data.rejected: {from:
+    base_model}` the base model's answers fill the rejected answers first (`base_answers`); without an answerer
+    (`labkit check --data`) the chosen answers are checked alone.
 
     Args:
         card: the card.
         tokenizer: the model's tokenizer.
+        base_answers: the base model's answerer (`labkit.evaluate.base_answers.base_model_answers`).
     Returns:
         (the DerivedSplits, the encodings of train and validation).
     Raises:
         DataError: bad data or a bad reference; PreprocessingCheckFailed: an encoding check failed.
     """
     derived = derive_splits(card, tokenizer)
-    encoded, checks = run_checks(tokenizer, card, {n: rows for n, rows in derived.splits.items() if n != "test"})
+    checked = card
+    if card.data.rejected is not None:
+        if base_answers is None:
+            checked = card.model_copy(update={"train": card.train.model_copy(update={"trainer": "sft", "beta": None})})
+        else:
+            derived.rejected = _fill_from_base(card, tokenizer, derived.splits, base_answers)
+    encoded, checks = run_checks(tokenizer, checked, {n: rows for n, rows in derived.splits.items() if n != "test"})
     raise_on_failed(checks)
     return derived, encoded
 
 
-def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[str, Any]:
+def _version(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[str, dict, dict]:
+    """(data version, split sha256s, tokenised sha256s): the chosen answers only, so sft and preference variants of
+    the same rows share one version."""
+    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows)])
+                 for name, rows in splits.items() if name != "test"}
+    split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
+    return D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12], split_hashes, tokenised
+
+
+def _fill_from_base(card: Card, tokenizer: Any, splits: dict[str, list[dict[str, Any]]],
+                    base_answers: BaseAnswers) -> dict[str, Any]:
+    """Set each train and validation row's rejected answer to the base model's answer (cached by the answerer).
+
+    A training row whose base answer already equals its reference teaches no preference: it is left out of training
+    (listed); validation rows are all kept (evaluation reads them).
+    """
+    version = _version(tokenizer, card, splits)[0]
+    got = base_answers({name: splits[name] for name in ("train", "validation")}, version)
+    same: list[str] = []
+    for name in ("train", "validation"):
+        for row in splits[name]:
+            row["rejected"] = got["answers"][name][row["id"]]
+            if name == "train" and row["rejected"].strip() == row["target"].strip():
+                same.append(row["id"])
+    splits["train"] = [r for r in splits["train"] if r["id"] not in set(same)]
+    return {"from": "base_model", **got["cache"], "data_version": version, "same_as_reference_left_out": same}
+
+
+def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
+            base_answers: BaseAnswers | None = None) -> dict[str, Any]:
     """Prepare the run's data (or return the existing manifest when it is already prepared).
 
     Writes data/train.jsonl and data/validation.jsonl; the test rows are written nowhere (the
@@ -165,20 +210,19 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
         run: the run folder.
         tokenizer: the model's tokenizer (token-length rules, tokenised hash).
         model_revision: the base model's revision (recorded with the tokenizer identity).
+        base_answers: fills the rejected answers for `data.rejected: {from: base_model}` (see `checked_splits`).
     Returns:
         the data manifest.
     """
     manifest_path = run.dir / "data_manifest.json"
     if manifest_path.exists():
         return read_json(manifest_path)
-    derived, encoded = checked_splits(card, tokenizer)
+    if card.data.rejected is not None and base_answers is None:
+        raise UsageError("data.rejected: {from: base_model} needs the base model's answers: prepare the data from a stage "
+                         "(labkit run), which passes them")
+    derived, _ = checked_splits(card, tokenizer, base_answers)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
-    if card.train.trainer != "sft":  # run_checks encoded preference pairs; the data version hashes the chosen answers
-        encoded = {name: encode_rows(tokenizer, card, splits[name]) for name in encoded}
-    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encs])
-                 for name, encs in encoded.items()}
-    split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
-    version = D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": tokenised}, sort_keys=True))[:12]
+    version, split_hashes, tokenised = _version(tokenizer, card, splits)  # the chosen answers: see _version
     manifest = {
         "data_version": version,
         "source": derived.source,
@@ -196,9 +240,10 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str) -> dict[s
         "labkit_version": labkit.__version__,
         "max_length": card.data.max_length,
     }
-    if card.data.fields.rejected:  # preference pairs: the rejected answers, versioned apart from the data version
-
+    if card.data.fields.rejected or derived.rejected:  # preference pairs: rejected answers, versioned apart
         manifest["preference"] = preference_manifest(tokenizer, card, splits)
+        if derived.rejected:
+            manifest["preference"]["from_base_model"] = derived.rejected
     for name, rows_ in splits.items():
         if name == "test":
             continue  # locked: re-derived and checked against split.sha256.test by `labkit final` only

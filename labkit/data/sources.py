@@ -15,12 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.card.schema import Card
-from labkit.card.sections import PathSource
-from labkit.core import hub
+from labkit.card.sections import HubSource, PathSource
+from labkit.data.reading import read_file, read_given_splits, read_hub
 from labkit.data.tickets import generate_tickets
 from labkit.errors import DataError
-
-# datasets takes seconds to import: imported inside the functions that use it, so `labkit` commands start fast
 
 SPLITS = ("train", "validation", "test")
 
@@ -49,49 +47,6 @@ def rows_hash(rows: list[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- loading
-def _utf8(path: Path, raw: bytes, offset: int = 0, line: int | None = None) -> str:
-    """Decode bytes read from a data file; bytes that are not UTF-8 are one line naming the file, line and offset."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = line if line is not None else raw[:exc.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {offset + exc.start}); "
-                        "save the file as UTF-8") from None
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    offset = 0
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, 1):
-            line = _utf8(path, raw, offset, number)
-            offset += len(raw)
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line") from None
-            if not isinstance(row, dict):
-                raise DataError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
-            row["__where__"] = f"{path}:{number}"
-            rows.append(row)
-    return rows
-
-
-def _read_with_datasets(kind: str, where: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-    import datasets
-    datasets.disable_progress_bars()
-    try:
-        dataset = datasets.load_dataset(kind, **kwargs)
-    except Exception as exc:  # noqa: BLE001
-        raise DataError(f"{where or kwargs.get('data_files') or kind}: could not be read ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0]})") from None
-    finally:
-        datasets.enable_progress_bars()
-    return [dict(row) for row in dataset]
-
-
 def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Read the card's data source.
 
@@ -101,34 +56,12 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         (raw rows, identity) where identity records what was read and its hash or revision.
     """
     source = card.data.source
+    if card.data.split.from_source:
+        return read_given_splits(card)
     if isinstance(source, PathSource):
-        path = Path(source.path)
-        kind = source.format if source.format != "auto" else path.suffix.lstrip(".").lower()
-        identity = {"kind": "file", "path": str(path), "sha256": file_sha256(path), "format": kind}
-        if kind not in {"jsonl", "json", "csv", "parquet"}:
-            raise DataError(f"{path}: unknown data format {kind!r} (use .jsonl, .json, .csv or .parquet, or data.source.format)")
-        text = _utf8(path, path.read_bytes()) if kind in {"json", "csv"} else ""
-        if kind == "jsonl":
-            rows = _read_jsonl(path)
-        elif kind == "json":
-            try:
-                rows = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                raise DataError(f"{path}: expected a JSON list of objects (or use .jsonl)")
-        else:
-            rows = _read_with_datasets(kind, data_files=str(path), split="train")
-        for number, row in enumerate(rows, 1):  # a CSV's line 1 is its header
-            row.setdefault("__where__", f"{path}:{number + 1}" if kind == "csv" else f"{path}: row {number}")
-        return rows, identity
-    if hasattr(source, "hf"):
-        hub.check_pin("data.source.revision", source.revision, DataError)
-        hub.check_reachable("dataset", source.hf, source.revision, DataError, "data.source.hf")
-        where = f"data.source.hf: hf:{source.hf}@{source.revision[:12]}…" + (" (HF_HUB_OFFLINE=1)" if hub.offline() else "")
-        rows = _read_with_datasets(source.hf, where, name=source.config, revision=source.revision, split=source.split)
-        for number, row in enumerate(rows, 1):
-            row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
+        return read_file(Path(source.path), source.format)
+    if isinstance(source, HubSource):
+        rows = read_hub(source)
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
 
     rows, planted = generate_tickets(rows=source.rows, seed=source.seed, preference=True)
@@ -136,17 +69,6 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         row["__where__"] = f"builtin:tickets row {number}"
     return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
                   "planted": planted}
-
-
-def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes (read in 1 MiB blocks)."""
-    if not path.is_file():
-        raise DataError(f"{path}: data file not found")
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _same_answer(a: str, b: str) -> bool:
@@ -204,6 +126,8 @@ def map_fields(card: Card, raw: list[dict[str, Any]], origins: dict[str, str] | 
                 raise DataError(f"{where}: field {split_field!r} (data.split.field) is {row.get(split_field)!r}; "
                                 f"expected one of {', '.join(SPLITS)}")
             mapped["split"] = value
+        elif "__split__" in row:  # data.split.from_source: the source's own split (labkit.data.given_splits)
+            mapped["split"] = row["__split__"]
         row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
         if row_id in seen:
             raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")
@@ -303,13 +227,14 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
 
     Every stratum is ordered by a seeded hash of the row ids and cut by the card's fractions
     (rounded, at least one validation row per stratum of 3+ rows), so the split does not depend on
-    the order of the source rows. With `data.split.field` the data's own split column is used.
+    the order of the source rows. With `data.split.field` (a column) or `data.split.from_source` (the source's
+    splits) the data's own splits are kept.
 
     Returns:
         {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
     """
     spec = card.data.split
-    if spec.field:
+    if spec.field or spec.from_source:
         given: dict[str, list[dict[str, Any]]] = {
             name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
                          key=lambda r: r["id"]) for name in SPLITS}

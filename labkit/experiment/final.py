@@ -25,8 +25,10 @@ from typing import Any, Iterator
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.protocol import pin_card
 from labkit.data.prepare import derive_splits
-from labkit.data.sources import file_sha256, split_sha256
+from labkit.data.reading import file_sha256
+from labkit.data.sources import split_sha256
 from labkit.errors import (
     DataError,
     MissingInput,
@@ -93,7 +95,9 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None, _checked: bool
     if not expected:
         raise DataError(f"{run.dir / 'data_manifest.json'}: no split.sha256.test (prepared by an older labkit?); "
                         "the test rows cannot be checked: start a new run")
-    card = card if card is not None else load_card(run.card_path).card
+    if card is None:  # the archived card, with the hub commits the run recorded (revision: resolve)
+        card = load_card(run.card_path).card
+        pin_card(card, run.root, run.experiment, run.dir)
     note = " (the test split was not opened: nothing is recorded)" if _checked else ""
     try:
         rows = derive_splits(card, tokenizer).splits["test"]

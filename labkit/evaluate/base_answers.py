@@ -1,0 +1,74 @@
+"""Rejected answers from the base model (`data.rejected: {from: base_model}`): preference pairs for DPO / ORPO from
+SFT-style data, without hand labelling.
+
+Each training and validation row's rejected answer is the base model's own greedy answer to the row's prompt, with
+the evaluation's generation procedure (`labkit.evaluate.generation.generate_answers`: batched, greedy,
+`eval.max_new_tokens`). The answers are generated once and cached in the labkit cache (`rejected/<key>.jsonl`),
+keyed by the model revision, the data version, the prompt format (the card's prompt section and the tokenizer's chat
+template) and the generation settings; a later run with the same key reads the file and loads no model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.card.schema import Card
+from labkit.core.io import read_jsonl, utc_now, write_json, write_jsonl
+from labkit.data.sources import sha256_text
+from labkit.evaluate.generation import generate_answers
+from labkit.model.sources import cache_dir
+
+SPLITS = ("train", "validation")
+
+
+def cache_key(card: Card, tokenizer: Any, model_revision: str, data_version: str) -> dict[str, Any]:
+    """What the base model's answers depend on: model revision, data version, prompt format, generation settings."""
+    return {"model_revision": model_revision, "data_version": data_version,
+            "prompt": card.data.prompt.model_dump(mode="json"),
+            "chat_template_sha256": sha256_text(getattr(tokenizer, "chat_template", None) or ""),
+            "weights": {"dtype": card.model.dtype, "quantised_4bit": card.method.kind == "qlora"},
+            "max_length": card.data.max_length, "generation": {"decoding": card.eval.decoding,
+                                                                "max_new_tokens": card.eval.max_new_tokens}}
+
+
+def base_model_answers(card: Card, tokenizer: Any, model_revision: str, load_model: Callable[[], Any],
+                       root: Path | None = None) -> Callable[[dict[str, list[dict[str, Any]]], str], dict[str, Any]]:
+    """The answerer `labkit.data.prepare.prepare` calls to fill the rejected answers (the model is loaded on a miss only).
+
+    Args:
+        card: the card (prompt, eval settings).
+        tokenizer: the base model's tokenizer.
+        model_revision: the base model's exact revision.
+        load_model: loads the base model on its device as the baseline does, 4-bit for qlora (called at most once,
+            and only when the cache misses).
+        root: the cache folder (default: the labkit cache's `rejected/`).
+    Returns:
+        answer(splits, data_version) -> {"answers": {split: {row id: answer}}, "cache": {...}} where cache names the
+        key, the file, and whether this call generated it or reused it.
+    """
+    folder = root or cache_dir() / "rejected"
+
+    def answer(splits: dict[str, list[dict[str, Any]]], data_version: str) -> dict[str, Any]:
+        key = cache_key(card, tokenizer, model_revision, data_version)
+        digest = sha256_text(json.dumps(key, sort_keys=True))[:16]
+        path, meta_path = folder / f"{digest}.jsonl", folder / f"{digest}.json"
+        wanted = {name: [r["id"] for r in splits[name]] for name in SPLITS}
+        if path.exists() and meta_path.exists():
+            cached: dict[str, dict[str, str]] = {name: {} for name in SPLITS}
+            for row in read_jsonl(path):
+                cached[row["split"]][row["id"]] = row["rejected"]
+            if all(set(ids) <= set(cached[name]) for name, ids in wanted.items()):
+                return {"answers": cached, "cache": {"key": key, "file": str(path), "status": "reused"}}
+        model = load_model()
+        out: dict[str, dict[str, str]] = {}
+        for name in SPLITS:
+            texts = generate_answers(model, tokenizer, card, splits[name], desc=f"base model's answers ({name})")
+            out[name] = dict(zip(wanted[name], texts, strict=True))
+        del model
+        write_jsonl(path, [{"split": n, "id": i, "rejected": a} for n in SPLITS for i, a in out[n].items()])
+        write_json(meta_path, {"key": key, "rows": {n: len(out[n]) for n in SPLITS}, "generated": utc_now()})
+        return {"answers": out, "cache": {"key": key, "file": str(path), "status": "generated"}}
+
+    return answer
