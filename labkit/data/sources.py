@@ -17,7 +17,7 @@ from typing import Any, Callable
 from labkit.card.schema import Card
 from labkit.card.sections import PathSource
 from labkit.core import hub
-from labkit.data.tickets import generate_tickets
+from labkit.data import dialogues, tickets
 from labkit.errors import DataError
 
 # datasets takes seconds to import: imported inside the functions that use it, so `labkit` commands start fast
@@ -131,11 +131,11 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
             row["__where__"] = f"hf:{source.hf}@{source.revision} row {number}"
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
 
-    rows, planted = generate_tickets(rows=source.rows, seed=source.seed, preference=True)
+    rows, planted = (dialogues.generate_dialogues(rows=source.rows, seed=source.seed) if source.builtin == "dialogues"
+                     else tickets.generate_tickets(rows=source.rows, seed=source.seed, preference=True))
     for number, row in enumerate(rows, 1):
-        row["__where__"] = f"builtin:tickets row {number}"
-    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
-                  "planted": planted}
+        row["__where__"] = f"builtin:{source.builtin} row {number}"
+    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed, "planted": planted}
 
 
 def file_sha256(path: Path) -> str:
