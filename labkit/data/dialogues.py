@@ -75,7 +75,8 @@ def generate_dialogues(rows: int = 300, seed: int = 7) -> tuple[list[dict], dict
         seed: seed for ``random.Random``; the same (rows, seed) gives identical output.
     Returns:
         ``(records, planted)``: records are ``{"id", "dialogue", "summary", "topic"}``; ``planted`` maps
-        ``"exact_duplicates"`` and ``"near_duplicates"`` to ``[original_id, copy_id]`` pairs.
+        ``"exact_duplicates"`` and ``"near_duplicates"`` to ``[original_id, copy_id]`` pairs, and ``"empty"`` and
+        ``"overlong"`` to empty lists (none planted: the keys stage 02 compares with the ticket generator's).
     """
     if rows < 10:
         raise ValueError("rows must be >= 10")
@@ -119,7 +120,7 @@ def generate_dialogues(rows: int = 300, seed: int = 7) -> tuple[list[dict], dict
         sequence.insert(rng.randint(sequence.index(item["of"]) + 1, len(sequence)), j)
     width = max(4, len(str(rows)))
     ids = {j: f"dlg-{pos + 1:0{width}d}" for pos, j in enumerate(sequence)}
-    records, planted = [], {"exact_duplicates": [], "near_duplicates": []}
+    records, planted = [], {"exact_duplicates": [], "near_duplicates": [], "empty": [], "overlong": []}
     for j in sequence:
         item = items[j]
         records.append({"id": ids[j], "dialogue": item["dialogue"], "summary": item["summary"], "topic": item["topic"]})

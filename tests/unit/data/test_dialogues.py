@@ -43,6 +43,7 @@ def test_find_duplicates_finds_exactly_the_planted_pairs(rows: int, seed: int) -
     want = {(a, b, "exact") for a, b in planted["exact_duplicates"]}
     want |= {(a, b, "near") for a, b in planted["near_duplicates"]}
     assert got == want and planted["exact_duplicates"] and planted["near_duplicates"]
+    assert planted["empty"] == [] and planted["overlong"] == []  # the keys stage 02's planted-vs-found check reads
     by_id = {r["id"]: r for r in records}
     for a, b in planted["exact_duplicates"] + planted["near_duplicates"]:
         assert by_id[a]["summary"] == by_id[b]["summary"]
