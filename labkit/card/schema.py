@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict
-from labkit.scoring.metrics import METRICS, RUN_METRICS
+from labkit.scoring.metrics import METRICS, RUN_METRICS, TWO_SIDED
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
 # the card validates against it, the trainer passes the name on and stage 03's memory estimate counts the bytes
@@ -102,8 +102,8 @@ class EarlyStopping(Strict):
         choices = ", ".join(["eval_loss"] + [m for m in METRICS if m != "per_category_f1" and m not in RUN_METRICS])
         if value in RUN_METRICS:
             raise ValueError(f"{value} is a run metric (known after training), not one to stop on; use one of {choices}")
-        if value == "per_category_f1":
-            raise ValueError(f"per_category_f1 is one F1 per category, not a single number to stop on; use one of {choices}")
+        if value == "per_category_f1" or value in TWO_SIDED:
+            raise ValueError(f"{value} is not a single number with a good direction to stop on; use one of {choices}")
         if value != "eval_loss" and value not in METRICS:
             raise ValueError(f"unknown metric {value!r} (expected one of {choices})")
         return value
@@ -154,10 +154,17 @@ class Train(Strict):
         "checkpoint is the adapter")
 
 
+class Rouge(Strict):
+    use_stemmer: bool = Field(default=True, description="Porter-stem tokens before matching (rouge_score's use_stemmer)")
+
+
 class Eval(Strict):
     split: Literal["validation"] = Field(default="validation", description="the test split opens only with `labkit final`")
     batch_size: int = Field(default=16, ge=1)
-    max_new_tokens: int = Field(default=64, ge=1)
+    max_new_tokens: int | None = Field(
+        default=None, ge=1, description="generation length; unset: sized in stage 01 from the reference answers (p95 "
+        "of the train and validation references' token lengths plus a margin: labkit.evaluate.length)")
+    rouge: Rouge = Field(default_factory=Rouge, description="how ROUGE is computed (recorded with the metrics)")
     decoding: Literal["greedy"] = "greedy"
     metrics: list[str] = Field(default_factory=list, description="extra metrics; the primary metric and guardrails are always computed")
 
@@ -293,6 +300,13 @@ class Card(Strict):
                 raise ValueError(f"{where}: {name} needs data.fields.category and a json or label target")
         if self.experiment.target.primary_metric == "per_category_f1":
             raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
+        if self.experiment.target.primary_metric in TWO_SIDED:
+            raise ValueError(f"experiment.target.primary_metric: {self.experiment.target.primary_metric} has no good "
+                             "direction (closer to 1 is better); use it as a guardrail with min and max")
+        for i, rail in enumerate(self.experiment.guardrails):
+            if rail.metric in TWO_SIDED and rail.max_drop is not None:
+                raise ValueError(f"experiment.guardrails.{i}.max_drop: {rail.metric} has no good direction, so a drop "
+                                 "is not defined; bound it with min and max (e.g. min: 0.5, max: 1.5)")
         for i, name in enumerate(self.eval.metrics):
             if name in RUN_METRICS:
                 raise ValueError(f"eval.metrics.{i}: {name} is a run metric (read from the run's training files, not "

@@ -73,7 +73,9 @@ class Experiment(Strict):
 
 # --------------------------------------------------------------------------- data
 class BuiltinSource(Strict):
-    builtin: Literal["tickets"]
+    builtin: Literal["tickets", "dialogues"] = Field(description="tickets: support tickets with a JSON answer "
+                                                     "(labkit.data.tickets); dialogues: two-speaker dialogues with a "
+                                                     "reference summary (labkit.data.dialogues)")
     rows: int = Field(default=400, ge=20, le=20_000)
     seed: int = 7
 

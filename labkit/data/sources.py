@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from labkit.card.schema import Card
 from labkit.card.sections import HubSource, PathSource
+from labkit.data import dialogues, tickets
 from labkit.data.reading import read_file, read_given_splits, read_hub
-from labkit.data.tickets import generate_tickets
 from labkit.errors import DataError
 
 SPLITS = ("train", "validation", "test")
@@ -64,11 +64,11 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         rows = read_hub(source)
         return rows, {"kind": "hf", "name": source.hf, "revision": source.revision, "config": source.config}
 
-    rows, planted = generate_tickets(rows=source.rows, seed=source.seed, preference=True)
+    rows, planted = (dialogues.generate_dialogues(rows=source.rows, seed=source.seed) if source.builtin == "dialogues"
+                     else tickets.generate_tickets(rows=source.rows, seed=source.seed, preference=True))
     for number, row in enumerate(rows, 1):
-        row["__where__"] = f"builtin:tickets row {number}"
-    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed,
-                  "planted": planted}
+        row["__where__"] = f"builtin:{source.builtin} row {number}"
+    return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed, "planted": planted}
 
 
 def _same_answer(a: str, b: str) -> bool:

@@ -18,6 +18,7 @@ from labkit.card.schema import Card
 from labkit.core.io import read_jsonl, utc_now, write_json, write_jsonl
 from labkit.data.sources import sha256_text
 from labkit.evaluate.generation import generate_answers
+from labkit.evaluate.length import size_generation
 from labkit.model.sources import cache_dir
 
 SPLITS = ("train", "validation")
@@ -51,7 +52,11 @@ def base_model_answers(card: Card, tokenizer: Any, model_revision: str, load_mod
     folder = root or cache_dir() / "rejected"
 
     def answer(splits: dict[str, list[dict[str, Any]]], data_version: str) -> dict[str, Any]:
-        key = cache_key(card, tokenizer, model_revision, data_version)
+        sized = card  # a card without eval.max_new_tokens: sized from these rows' references (labkit.evaluate.length)
+        if card.eval.max_new_tokens is None:
+            tokens = size_generation(tokenizer, [r["target"] for name in SPLITS for r in splits[name]])["max_new_tokens"]
+            sized = card.model_copy(update={"eval": card.eval.model_copy(update={"max_new_tokens": tokens})})
+        key = cache_key(sized, tokenizer, model_revision, data_version)
         digest = sha256_text(json.dumps(key, sort_keys=True))[:16]
         path, meta_path = folder / f"{digest}.jsonl", folder / f"{digest}.json"
         wanted = {name: [r["id"] for r in splits[name]] for name in SPLITS}
@@ -64,7 +69,7 @@ def base_model_answers(card: Card, tokenizer: Any, model_revision: str, load_mod
         model = load_model()
         out: dict[str, dict[str, str]] = {}
         for name in SPLITS:
-            texts = generate_answers(model, tokenizer, card, splits[name], desc=f"base model's answers ({name})")
+            texts = generate_answers(model, tokenizer, sized, splits[name], desc=f"base model's answers ({name})")
             out[name] = dict(zip(wanted[name], texts, strict=True))
         del model
         write_jsonl(path, [{"split": n, "id": i, "rejected": a} for n in SPLITS for i, a in out[n].items()])

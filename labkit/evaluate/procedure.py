@@ -34,7 +34,7 @@ def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> 
     """Score answers given to `rows` (in their order) with the card's metrics.
 
     Args:
-        card: the card (target format).
+        card: the card (target format, eval.rouge).
         rows: prepared rows ({"id", "input", "target", "category"}).
         answers: one answer per row.
     Returns:
@@ -42,4 +42,4 @@ def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> 
     """
     records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
                 "prediction": a} for r, a in zip(rows, answers)]
-    return score_predictions(records, card.data.target_format.model_dump())
+    return score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)

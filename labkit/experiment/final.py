@@ -282,10 +282,10 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
     try:
         rows = open_test_split(run, stage.tokenizer, loaded.card)
         base_model = stage.load_model(quantize=baseline_quantize(stage.card))  # as the baseline stage measures it
-        base_rows, base_metrics = evaluate_rows(base_model, stage.tokenizer, loaded.card, rows, "baseline")
+        base_rows, base_metrics = evaluate_rows(base_model, stage.tokenizer, stage.card, rows, "baseline")
         del base_model
         tuned_model = load_tuned(stage)  # as the comparison stage measures it
-        tuned_rows, tuned_metrics = evaluate_rows(tuned_model, stage.tokenizer, loaded.card, rows, "tuned")
+        tuned_rows, tuned_metrics = evaluate_rows(tuned_model, stage.tokenizer, stage.card, rows, "tuned")
         del tuned_model
     except BaseException as exc:
         R.record(run, "test_open_failed", opening=number, problem=f"{type(exc).__name__}: {exc}"[:500])

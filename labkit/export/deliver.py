@@ -27,6 +27,7 @@ from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import ExportCheckFailed, ExportRefused
+from labkit.evaluate.length import resolved_card
 from labkit.export import model_card as modelcard
 from labkit.export.hub_card import describe_base, loadable_base
 from labkit.export.reload_check import load_base_float32, summary
@@ -109,7 +110,7 @@ def _save_tokenizer_and_generation(run: R.Run, card: Any, resolved: Any, dest: P
         generation = GenerationConfig()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     generation.update(do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-                      max_new_tokens=card.eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
+                      max_new_tokens=resolved_card(card, run.dir).eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
     generation.save_pretrained(str(dest))
     return tokenizer
 

@@ -102,7 +102,7 @@ def _example_key(metric: str, row: dict[str, Any]) -> str:
     key = PER_EXAMPLE.get(metric, metric)
     if key in row:
         return key
-    return next((k for k in ("field_accuracy", "rouge_l", "exact_match") if k in row), key)
+    return next((k for k in ("field_accuracy", "rougeL", "exact_match") if k in row), key)
 
 
 def failure_examples(run_dir: Path, metric: str, n: int = 3) -> list[dict[str, Any]]:

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from labkit.scoring.metrics import INVALID, RUN_METRICS, _norm, example_key
+from labkit.scoring.rouge import ROUGE_TYPES
 from labkit.scoring.slots import SLOT_METRICS
 
 # metric name -> the per-example key it averages
 MEAN_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
-             "exact_match": "exact_match", "rouge_l": "rouge_l"}
+             "exact_match": "exact_match", **{r: r for r in ROUGE_TYPES}, "mean_length_ratio": "length_ratio"}
 F1_METRICS = ("accuracy", "macro_f1", "per_category_f1")
 
 

@@ -1,25 +1,22 @@
-"""Metrics on generated answers: JSON validity, fields and slots, per-class P/R/F1, ROUGE-L; and the run metrics.
+"""Metrics on generated answers: JSON validity, fields and slots, per-class P/R/F1, ROUGE, length; and the run metrics.
 
 Every example is scored on its own (kept as data for paired comparisons: `example_key` names the per-example
 value behind each metric), then aggregated overall and per category. Label metrics follow scikit-learn's
 definitions: accuracy is the share of exact answers; per-class precision, recall and F1 are
 `precision_recall_fscore_support(y_true, y_pred, labels=reference_labels)`; macro-F1 is their unweighted mean over
-the labels present in the references. Run metrics (time, throughput, memory, cost) are not computed from answers:
+the labels present in the references. ROUGE and the length ratio: `labkit.scoring.rouge`. Run metrics (time, throughput, memory, cost) are not computed from answers:
 `labkit.evaluate.run_metrics` reads them from a run's stage 03/04 files.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 from collections import defaultdict
 from typing import Any, Iterable
 
+from labkit.scoring.rouge import ROUGE_TYPES, length_ratio, rouge_scores, settings
 from labkit.scoring.slots import aggregate_slots, slot_counts
-
-# rouge_score takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
-# checks start fast
 
 # name -> (what it needs, what it means); the card's primary metric and guardrails must be one of these.
 METRICS: dict[str, tuple[str, str]] = {
@@ -33,7 +30,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "macro_f1": ("category", "unweighted mean of the per-class F1 over the reference labels"),
     "per_category_f1": ("category", "F1 of each category (guardrails judge every category)"),
     "exact_match": ("any", "answer equals the reference after whitespace normalisation"),
-    "rouge_l": ("any", "ROUGE-L F-measure against the reference"),
+    "rouge1": ("any", "ROUGE-1 F-measure against the reference (unigrams; rouge_score, stemmed by default)"),
+    "rouge2": ("any", "ROUGE-2 F-measure against the reference (bigrams)"),
+    "rougeL": ("any", "ROUGE-L F-measure against the reference (longest common subsequence)"),
+    "rougeLsum": ("any", "ROUGE-Lsum F-measure (union LCS over the sentences of answer and reference)"),
+    "mean_length_ratio": ("any", "mean over examples of answer words / reference words (a guardrail with min / max: "
+                          "no good direction, so not a primary metric, max_drop or early-stopping metric)"),
     "train_seconds": ("run", "wall-clock seconds of stage 04's training (lower is better)"),
     "tokens_per_second": ("run", "training tokens seen per second of training (higher is better)"),
     "peak_memory_gib": ("run", "peak memory of a training step measured by stage 03, GiB (lower is better)"),
@@ -44,19 +46,16 @@ RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "peak_memory_g
 # metric -> the per-example value behind it (the paired view, the concentration check); run metrics have none
 EXAMPLE_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
                 "slot_precision": "slot_f1", "slot_recall": "slot_f1", "slot_f1": "slot_f1", "accuracy": "correct",
-                "macro_f1": "correct", "per_category_f1": "correct", "exact_match": "exact_match", "rouge_l": "rouge_l"}
+                "macro_f1": "correct", "per_category_f1": "correct", "exact_match": "exact_match", **{r: r for r in ROUGE_TYPES},
+                "mean_length_ratio": "length_ratio"}
+# metrics without a good direction (closer to 1 is better): judged only against absolute or ratio bounds
+TWO_SIDED = ("mean_length_ratio",)
+# per-example value -> the metric that averages it (where the names differ)
+MEAN_NAMES = {"json_valid": "json_valid_rate", "field_presence": "field_presence_rate", "length_ratio": "mean_length_ratio"}
 OTHER = "other answer"
 
 INVALID = "<none>"
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
-
-
-@functools.cache
-def _scorer() -> Any:
-    """rouge_score's scorer, built on first use (rouge_score imports nltk: half a second every card load would pay)."""
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
 
 
 def parse_json_answer(text: str) -> tuple[dict[str, Any] | None, bool]:
@@ -99,21 +98,21 @@ def _norm(value: Any) -> str:
     return " ".join(str(value).split()).casefold()
 
 
-def score_example(prediction: str, target: str, fmt: dict[str, Any]) -> dict[str, Any]:
+def score_example(prediction: str, target: str, fmt: dict[str, Any], use_stemmer: bool = True) -> dict[str, Any]:
     """Score one answer against its reference.
 
     Args:
         prediction: generated text.
         target: reference text (a JSON string for kind json).
         fmt: the card's data.target_format as a dict (kind, required_keys, category_key).
+        use_stemmer: stem tokens for ROUGE (the card's eval.rouge.use_stemmer).
     Returns:
         dict of per-example values (json_valid, field_presence, field_accuracy, predicted_category,
-        exact_match, rouge_l).
+        exact_match, rouge1, rouge2, rougeL, rougeLsum, length_ratio).
     """
-    out: dict[str, Any] = {
-        "exact_match": float(_norm(prediction) == _norm(target)),
-        "rouge_l": _scorer().score(target, prediction)["rougeL"].fmeasure if target.strip() else 0.0,
-    }
+    out: dict[str, Any] = {"exact_match": float(_norm(prediction) == _norm(target)),
+                           **rouge_scores(prediction, target, use_stemmer),
+                           "length_ratio": length_ratio(prediction, target)}
     if fmt["kind"] == "json":
         declared = declared_keys(fmt)
         gold, _ = parse_json_answer(target)
@@ -189,8 +188,9 @@ def aggregate(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> dict[str, Any]
     """
     if not rows:
         raise ValueError("no examples to score (the evaluation split is empty)")
-    per_example_keys = [k for k in ("json_valid", "field_presence", "field_accuracy", "exact_match", "rouge_l") if k in rows[0]]
-    names = {"json_valid": "json_valid_rate", "field_presence": "field_presence_rate"}
+    per_example_keys = [k for k in ("json_valid", "field_presence", "field_accuracy", "exact_match", *ROUGE_TYPES,
+                                     "length_ratio") if k in rows[0]]
+    names = MEAN_NAMES
     overall = {names.get(k, k): _mean(r[k] for r in rows) for k in per_example_keys}
     out: dict[str, Any] = {"n": len(rows), "overall": overall, "per_category": {}}
     if "slot_tp" in rows[0]:
@@ -217,20 +217,24 @@ def aggregate(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any],
+                      use_stemmer: bool = True) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Score a list of predictions.
 
     Args:
         rows: dicts with id, category, target, prediction.
         fmt: the card's data.target_format as a dict.
+        use_stemmer: stem tokens for ROUGE (the card's eval.rouge.use_stemmer).
     Returns:
-        (per-example rows with their scores, aggregated metrics).
+        (per-example rows with their scores, aggregated metrics; the metrics record the ROUGE settings under "rouge").
     """
-    scored = [{**r, **score_example(r["prediction"], r["target"], fmt)} for r in rows]
+    scored = [{**r, **score_example(r["prediction"], r["target"], fmt, use_stemmer)} for r in rows]
     for row in scored:
         if row.get("category") is not None and "predicted_category" in row:
             row["correct"] = float(row["predicted_category"] == _norm(row["category"]))
-    return scored, aggregate(scored, fmt)
+    metrics = aggregate(scored, fmt)
+    metrics["rouge"] = settings(use_stemmer)
+    return scored, metrics
 
 
 def example_key(metric: str) -> str | None:

@@ -35,8 +35,8 @@ def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], 
 
 def baseline_key(stage: Any) -> str:
     """Hash of what makes two baselines the same measurement."""
-    card = stage.card
     manifest = stage.prepare_data()
+    card = stage.card  # after preparation: eval.max_new_tokens sized from the data when the card leaves it out
     what = {
         "model_revision": stage.model_source.revision,
         "model_dtype": card.model.dtype,

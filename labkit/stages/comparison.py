@@ -75,7 +75,7 @@ def judge(stage: Any, baseline_metrics: dict[str, Any], tuned_metrics: dict[str,
 
 def score_key(rows: list[dict[str, Any]]) -> str:
     """The per-example score shown in the example tables: right or not (labels), field accuracy (JSON), else ROUGE-L."""
-    return next(k for k in ("correct", "field_accuracy", "rouge_l") if k in rows[0])
+    return next(k for k in ("correct", "field_accuracy", "rougeL") if k in rows[0])
 
 
 def _side_by_side(row: dict[str, Any], base: dict[str, Any], key: str) -> dict[str, Any]:

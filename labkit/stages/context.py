@@ -23,6 +23,7 @@ from labkit.core.protocol import check_protocol, pin_card
 from labkit.data.checks import check_card_data
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
+from labkit.evaluate import length
 from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.sources import ResolvedModel, check_source, resolve
@@ -47,7 +48,7 @@ class Stage:
     def __init__(self, name: str, loaded: LoadedCard, run: R.Run, interactive: bool) -> None:
         self.name = name
         self.loaded = loaded
-        self.card = loaded.card
+        self.card = length.resolved_card(loaded.card, run.dir)  # eval.max_new_tokens as stage 01 sized it
         self.run = run
         self.out = run.stage_dir(name)
         self.interactive = interactive
@@ -87,12 +88,17 @@ class Stage:
         return load_model(self.model_source, self.card, self.device, quantize=quantize)
 
     def prepare_data(self) -> dict[str, Any]:
-        """Prepare the run's splits once (see labkit.data.prepare) and return the data manifest."""
+        """Prepare the run's splits once (see labkit.data.prepare) and return the data manifest; size the generation
+        length from them when the card leaves `eval.max_new_tokens` out (labkit.evaluate.length)."""
         answers = None
         if self.card.data.rejected is not None:  # the base model's own answers as the rejected ones (cached)
             answers = base_model_answers(self.card, self.tokenizer, self.model_source.revision,
                                          self.load_model)
-        return prepare(self.card, self.run, self.tokenizer, self.model_source.revision, answers)
+        manifest = prepare(self.card, self.run, self.tokenizer, self.model_source.revision, answers)
+        if self.card.eval.max_new_tokens is None:
+            length.record(self.run.dir, self.tokenizer, load_split(self.run, "train"), load_split(self.run, "validation"))
+            self.card = length.resolved_card(self.card, self.run.dir)
+        return manifest
 
     def split(self, name: str) -> list[dict[str, Any]]:
         """Rows of a prepared split ("train" or "validation"; the test split is locked)."""

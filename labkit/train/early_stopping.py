@@ -1,7 +1,7 @@
 """Early stopping on the card's metric: the validation loss, or a generation metric scored as stages 01 and 05 score it.
 
 With `train.early_stopping.metric: eval_loss` transformers' evaluation loop gives the number. With a generation
-metric (`field_accuracy`, `rouge_l`, …) the `GenerationMetric` callback answers the validation rows at every
+metric (`field_accuracy`, `rougeL`, …) the `GenerationMetric` callback answers the validation rows at every
 evaluation with labkit's batched generation and the card's eval settings (prompt, greedy decoding,
 `max_new_tokens`, `batch_size`), scores the answers with `labkit.scoring.metrics` and adds `eval_<metric>` to the
 evaluation's metrics. transformers' own machinery then uses it: `metric_for_best_model`, `load_best_model_at_end`

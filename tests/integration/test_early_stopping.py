@@ -31,8 +31,8 @@ from labkit.train.trainer import build_trainer, loss_history
 MAX_STEPS = 24
 
 
-def _card(metric: str = "rouge_l", patience: int = 2, **train: object):
-    """The smoke card, evaluated every 2 steps, with early stopping on `metric` (rouge_l: a random tiny model
+def _card(metric: str = "rougeL", patience: int = 2, **train: object):
+    """The smoke card, evaluated every 2 steps, with early stopping on `metric` (rougeL: a random tiny model
     scores above 0 on it now and then, so the values are not all the same)."""
     card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
     card.train.lr, card.train.max_steps, card.train.eval_steps = 2e-2, MAX_STEPS, 2
@@ -77,13 +77,13 @@ def test_stops_on_the_generation_metric_and_keeps_the_best_checkpoint(stopped, t
 
     trainer, out = stopped
     card = _card()
-    evals = [(r["step"], r["eval_rouge_l"]) for r in trainer.state.log_history if "eval_rouge_l" in r]
+    evals = [(r["step"], r["eval_rougeL"]) for r in trainer.state.log_history if "eval_rougeL" in r]
     assert [s for s, _ in evals] == list(range(2, trainer.state.global_step + 1, 2))  # one value per evaluation
-    assert all("eval_loss" in r for r in trainer.state.log_history if "eval_rouge_l" in r)  # in the evaluation's row
+    assert all("eval_loss" in r for r in trainer.state.log_history if "eval_rougeL" in r)  # in the evaluation's row
     assert len({v for _, v in evals}) > 1, "the metric moved during training"
     best_step, best = max(evals, key=lambda e: (e[1], -e[0]))  # the highest, the earliest on a tie
     assert trainer.state.global_step < MAX_STEPS, "stopped early"
-    assert trainer.args.metric_for_best_model == "eval_rouge_l" and trainer.args.greater_is_better
+    assert trainer.args.metric_for_best_model == "eval_rougeL" and trainer.args.greater_is_better
     assert (trainer.state.best_global_step, trainer.state.best_metric) == (best_step, best)
     assert evals[-1][0] - best_step == 2 * card.train.early_stopping.patience  # exactly `patience` evaluations later
     assert best_step != trainer.state.global_step, "this case must tell the best checkpoint from the last one"
@@ -94,7 +94,7 @@ def test_stops_on_the_generation_metric_and_keeps_the_best_checkpoint(stopped, t
     for step, value in evals:
         model = PeftModel.from_pretrained(load_model(tiny_model, card, "cpu"), str(out / f"checkpoint-{step}"))
         _, metrics = evaluate_rows(model, tokenizer, card, eval_rows, f"checkpoint-{step}")
-        assert metrics["overall"]["rouge_l"] == value, step
+        assert metrics["overall"]["rougeL"] == value, step
 
     # the best checkpoint was loaded at the end: its weights are the model's (and the last step's are not)
     weights = _lora(trainer.model)
@@ -104,15 +104,15 @@ def test_stops_on_the_generation_metric_and_keeps_the_best_checkpoint(stopped, t
     assert not all(weights[k].equal(last[k]) for k in last)
     assert trainer.model.config.use_cache is False  # the generation's KV cache did not leak into training
 
-    rows = [r for r in loss_history(trainer) if "eval_rouge_l" in r]  # what stage 04 writes and plots
-    assert [(r["step"], r["eval_rouge_l"]) for r in rows] == evals and all("eval_generation_runtime" in r for r in rows)
+    rows = [r for r in loss_history(trainer) if "eval_rougeL" in r]  # what stage 04 writes and plots
+    assert [(r["step"], r["eval_rougeL"]) for r in rows] == evals and all("eval_generation_runtime" in r for r in rows)
 
     from labkit.train.early_stopping import summary
 
     done = summary(trainer.state, card, len(eval_rows), stopped_early=True)
     assert done["best_checkpoint"] == f"checkpoint-{best_step}" and done["best_value"] == best
     assert done["evaluations"] == [{"step": s, "value": v} for s, v in evals] and done["examples"] == len(eval_rows)
-    assert done["why"].startswith(f"checkpoint-{best_step}: eval_rouge_l = {best:.4f}, the highest of {len(evals)}")
+    assert done["why"].startswith(f"checkpoint-{best_step}: eval_rougeL = {best:.4f}, the highest of {len(evals)}")
 
 
 def test_sharded_generation_forms_the_single_process_batches(stopped, tiny_model) -> None:
@@ -151,7 +151,7 @@ def test_examples_scores_the_first_validation_rows(stopped, tiny_model) -> None:
     callback.on_evaluate(trainer.args, state, None, metrics=metrics, model=model)
     _, expected = evaluate_rows(model, tokenizer, card, eval_rows[:5], "first 5")
     assert callback.rows == eval_rows[:5]
-    assert metrics["eval_rouge_l"] == expected["overall"]["rouge_l"] == state.log_history[0]["eval_rouge_l"]
+    assert metrics["eval_rougeL"] == expected["overall"]["rougeL"] == state.log_history[0]["eval_rougeL"]
     assert model.training and model.config.use_cache is False  # left as it was found
 
 
@@ -168,7 +168,7 @@ class _StopAt(TrainerCallback):
 
 
 def _curve(trainer) -> list[tuple]:
-    return [(r["step"], r.get("loss"), r.get("eval_loss"), r.get("eval_rouge_l")) for r in loss_history(trainer)
+    return [(r["step"], r.get("loss"), r.get("eval_loss"), r.get("eval_rougeL")) for r in loss_history(trainer)
             if "loss" in r or "eval_loss" in r]
 
 

@@ -45,7 +45,8 @@ def test_unit_weights_reproduce_the_metrics_exactly() -> None:
     expected = aggregate(rows, FMT)
     cols = Columns(rows, [r["id"] for r in rows])
     ones = np.ones((1, len(rows)))
-    for name in ("field_accuracy", "json_valid_rate", "field_presence_rate", "rouge_l", "exact_match", "accuracy", "macro_f1"):
+    for name in ("field_accuracy", "json_valid_rate", "field_presence_rate", "rouge1", "rouge2", "rougeL", "rougeLsum",
+                 "mean_length_ratio", "exact_match", "accuracy", "macro_f1"):
         assert metric(ones, cols, name)[0] == pytest.approx(expected["overall"][name], abs=1e-12), name
     f1 = metric(ones, cols, "per_category_f1")
     accuracy = per_category(ones, cols, "field_accuracy")

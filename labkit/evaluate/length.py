@@ -1,0 +1,92 @@
+"""The generation length of the evaluation: the card's `eval.max_new_tokens`, or sized from the reference answers.
+
+A card that leaves `eval.max_new_tokens` out gets it from its data, once, in stage 01: the 95th percentile of the
+reference answers' token lengths over the training and validation splits (never the test split), each counted with
+the base tokenizer plus one token for the end of turn, plus a margin of 10 % (at least 8 tokens). The figure and how
+it was reached are written to the run folder (`generation_length.json`); every later stage, `labkit final` and
+`labkit export` read it from there, so the whole run generates with one length. It depends only on the data and the
+tokenizer, which the baseline's cache key already covers.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from labkit.card.schema import Card
+from labkit.core import io
+
+FILE = "generation_length.json"
+PERCENTILE = 95
+MARGIN_SHARE, MARGIN_MIN = 0.10, 8
+
+
+def size_generation(tokenizer: Any, targets: list[str]) -> dict[str, Any]:
+    """Size the generation length from reference answers.
+
+    Args:
+        tokenizer: the base model's tokenizer.
+        targets: the reference answers (training and validation splits).
+    Returns:
+        {"max_new_tokens", "from": "references", "p95_tokens", "margin", "longest_tokens", "references"}; the p95 is
+        the nearest-rank percentile (the smallest length at or above 95 % of the references).
+    """
+    if not targets:
+        raise ValueError("no reference answers to size the generation length from")
+    lengths = sorted(len(tokenizer(t, add_special_tokens=False)["input_ids"]) + 1 for t in targets)  # + end of turn
+    p95 = lengths[max(0, math.ceil(PERCENTILE / 100 * len(lengths)) - 1)]
+    margin = max(MARGIN_MIN, math.ceil(MARGIN_SHARE * p95))
+    return {"max_new_tokens": p95 + margin, "from": "references", "p95_tokens": p95, "margin": margin,
+            "longest_tokens": lengths[-1], "references": len(lengths)}
+
+
+def recorded(run_dir: Path | str) -> dict[str, Any] | None:
+    """The generation length a run recorded (None before stage 01 sized it, or when the card sets it)."""
+    path = Path(run_dir) / FILE
+    return io.read_json(path) if path.exists() else None
+
+
+def record(run_dir: Path | str, tokenizer: Any, train: list[dict[str, Any]],
+           validation: list[dict[str, Any]]) -> dict[str, Any]:
+    """Size the generation length from the run's training and validation references and record it (once).
+
+    Args:
+        run_dir: the run folder.
+        tokenizer: the base model's tokenizer.
+        train, validation: the prepared splits' rows (with `target`).
+    Returns:
+        what `size_generation` returns (read back when the run has recorded it already).
+    """
+    found = recorded(run_dir)
+    if found is None:
+        found = size_generation(tokenizer, [r["target"] for r in [*train, *validation]])
+        io.write_json(Path(run_dir) / FILE, found)
+    return found
+
+
+def resolved_card(card: Card, run_dir: Path | str) -> Card:
+    """The card with `eval.max_new_tokens` filled from the run's record when the card leaves it out.
+
+    Args:
+        card: the validated card.
+        run_dir: its run folder.
+    Returns:
+        the card itself when it sets `eval.max_new_tokens` or the run has not sized it yet, else a copy with the
+        recorded value.
+    """
+    found = recorded(run_dir) if card.eval.max_new_tokens is None else None
+    if found is None:
+        return card
+    return card.model_copy(update={"eval": card.eval.model_copy(update={"max_new_tokens": found["max_new_tokens"]})})
+
+
+def statement(card: Card, run_dir: Path | str) -> str:
+    """One line on the generation length used: the card's value, or how it was sized (shown in stage 01)."""
+    found = recorded(run_dir)
+    if card.eval.max_new_tokens is not None or found is None:
+        return f"Generation length: **{card.eval.max_new_tokens}** new tokens (`eval.max_new_tokens`, set by the card)."
+    return (f"Generation length: **{found['max_new_tokens']}** new tokens, sized from the data (`eval.max_new_tokens` "
+            f"unset): the 95th percentile of the {found['references']} training and validation references' token "
+            f"lengths, {found['p95_tokens']} (end of turn included; the longest is {found['longest_tokens']}), plus a "
+            f"margin of {found['margin']}.")
