@@ -43,8 +43,9 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script 2>/dev/null || exit 1; done
 
+# Jupyter refuses to start as root unless told: containers (Colab-like images, docker) often run as root
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/jupyter lab notebooks/ $(if $(filter 0,$(shell id -u)),--allow-root)
 
 clean-runs:
 	rm -rf runs/

@@ -18,6 +18,7 @@ import yaml
 from pydantic import ValidationError
 
 from labkit.card.schema import Card
+from labkit.card.shipped import shipped_card
 from labkit.errors import CardError
 
 
@@ -221,13 +222,16 @@ def load_card(path: str | Path) -> LoadedCard:
     """Load, resolve (`parent:` chain) and validate a card.
 
     Args:
-        path: the card file.
+        path: the card file; a path into a `params/` folder that does not exist here (the notebooks' default
+            `../params/quickstart.yaml` on Colab) loads the card shipped with labkit (labkit.card.shipped).
     Returns:
         LoadedCard with the validated card, its resolved data and its diff against the parent.
     Raises:
         CardError: one line naming the file, line, key and the fix.
     """
-    path = Path(path).expanduser().resolve()
+    given, path = path, Path(path).expanduser().resolve()
+    if not path.is_file():
+        path = shipped_card(given) or path
     chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]] = []
     current, referenced_by = path, None
     while True:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from labkit.card.load import dump_yaml, load_card
+from labkit.card.shipped import init_folder, shipped
 from labkit.cli.runner import (
     check_card,
     load_all,
-    notebooks_dir,
     refresh_report,
     resume_run,
     run_card,
@@ -47,6 +47,34 @@ def _root(args: argparse.Namespace, start: Path | None = None) -> Path:
         raise UsageError(f"{origin} {root}: is a file, not a folder (name the folder that holds registry.jsonl, "
                          "or a new one)")
     return root
+
+
+def notebooks_dir(explicit: str | Path | None = None) -> Path:
+    """Where the stage notebooks are: --notebooks, else <project>/notebooks (a checkout or a `labkit init` folder),
+    else the ones shipped inside the package.
+
+    Raises:
+        MissingInput: --notebooks names a folder without the stage notebooks.
+    """
+    first = R.NOTEBOOKS[R.STAGES[0]]
+    if explicit:
+        if not (Path(explicit) / first).is_file():
+            raise MissingInput(f"--notebooks {explicit}: no {first} there (name the folder holding the five stage "
+                               "notebooks, e.g. the notebooks/ that labkit init wrote)")
+        return Path(explicit).resolve()
+    local = R.project_root() / "notebooks"
+    return local.resolve() if (local / first).is_file() else shipped("notebooks")
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """`labkit init [DIR]`: copy the stage notebooks and the example cards into DIR (default: here); never
+    overwrites a file."""
+    written = init_folder(args.dir)
+    dest = Path(args.dir).expanduser().resolve()
+    counts = {kind: sum(1 for p in written if p.relative_to(dest).parts[0] == kind) for kind in ("notebooks", "params")}
+    print(f"{dest}: {counts['notebooks']} notebooks in notebooks/, {counts['params']} card files in params/")
+    print(f"next: cd {dest} && labkit check params/quickstart.yaml && labkit run params/quickstart.yaml")
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

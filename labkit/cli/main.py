@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 
+from labkit import __version__
 from labkit.cli import commands
 from labkit.core.runs import STAGES
 from labkit.errors import LabkitError
@@ -68,6 +69,25 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=commands.cmd_estimate)
 
 
+def _completion(args: argparse.Namespace) -> int:
+    """`labkit completion bash|zsh|tcsh`: the shell completion script (shtab), printed for the shell to load."""
+    import shtab
+
+    print(shtab.complete(build_parser(), shell=args.shell))
+    return 0
+
+
+def _add_setup(sub: argparse._SubParsersAction) -> None:
+    init = sub.add_parser("init", help="copy the stage notebooks and the example cards into a working folder "
+                          "(never overwrites a file)")
+    init.add_argument("dir", nargs="?", default=".", help="the working folder (default: the current one)")
+    init.set_defaults(func=commands.cmd_init)
+    completion = sub.add_parser("completion", help="print the shell completion script: "
+                                "eval \"$(labkit completion bash)\"")
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(func=_completion)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `labkit` command.
 
@@ -75,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         the parser; each subcommand sets `func`, a function of `labkit.cli.commands`.
     """
     parser = argparse.ArgumentParser(prog="labkit", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"labkit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--runs", help="runs folder (default: $LABKIT_RUNS or <project>/runs)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_plan(sub)
     _add_estimate(sub)
+    _add_setup(sub)
     return parser
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.card.load import LoadedCard, dump_yaml
+from labkit.card.shipped import is_shipped
 from labkit.core.heartbeat import is_dead
 from labkit.core.io import read_json, utc_now, write_atomic, write_json
 from labkit.errors import MissingInput, RegistryCorrupt
@@ -30,8 +31,11 @@ NOTEBOOKS = {stage: f"{i:02d}_{stage}.ipynb" for i, stage in enumerate(STAGES, 1
 
 
 def project_root(start: Path | None = None) -> Path:
-    """The nearest folder above `start` (default: cwd) holding params/ or pyproject.toml."""
+    """The nearest folder above `start` (default: cwd) holding params/ or pyproject.toml; the working folder's
+    for a card shipped inside the installed package."""
     start = (start or Path.cwd()).resolve()
+    if is_shipped(start):
+        start = Path.cwd().resolve()
     for folder in [start, *start.parents]:
         if (folder / "params").is_dir() or (folder / "pyproject.toml").is_file():
             return folder

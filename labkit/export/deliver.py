@@ -1,7 +1,8 @@
 """`labkit export RUN_ID`: deliver a completed run's adapter (or model), tied to its exact base, and check it.
 
 Writes `<run>/export/` (or `--out DIR`):
-  adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path + revision),
+  adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path: the hub id + revision, or
+                 the local folder of the exact base weights, so AutoPeftModelForCausalLM loads it),
                  labkit_base_model.json, the tokenizer (chat template, EOS/pad), generation_config.json
                  (the evaluation's greedy decoding); `model/` instead for method full
   merged/        with --merged: base + adapter merged (peft merge_and_unload), safetensors
@@ -27,6 +28,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import ExportCheckFailed, ExportRefused
 from labkit.export import model_card as modelcard
+from labkit.export.hub_card import describe_base, loadable_base
 from labkit.export.reload_check import load_base_float32, summary
 from labkit.model.sources import parse_source, resolve, sha256_file
 
@@ -67,21 +69,25 @@ def exportable(run: R.Run) -> dict[str, Any]:
     return status
 
 
-def base_model_info(resolved: Any, card_hash: str, run_id: str) -> dict[str, Any]:
-    """The base model an export is tied to: source, exact revision, sha256 of the local weight files.
+def base_model_info(resolved: Any, card_hash: str, run_id: str, card_dir: Path | None = None) -> dict[str, Any]:
+    """The base model an export is tied to: source, exact revision, sha256 of the local weight files, what is known
+    of it (hub id, name, license, language: labkit.export.hub_card.describe_base).
 
     Args:
         resolved: the resolved model source (labkit.model.sources.ResolvedModel).
         card_hash: the run's card hash.
         run_id: the run id.
+        card_dir: the card's folder (relative `.gguf` paths).
     Returns:
         the content of labkit_base_model.json.
     """
     info: dict[str, Any] = {"source": resolved.source, "kind": resolved.kind, "revision": resolved.revision,
-                            "weights_sha256": {}, "details": resolved.details, "card_hash": card_hash, "run_id": run_id}
+                            "weights_sha256": {}, "details": resolved.details, "card_hash": card_hash, "run_id": run_id,
+                            "described": describe_base(resolved, card_dir)}
     if resolved.kind == "hf":
         info["hf_repo"] = parse_source(resolved.source)["repo"]
     else:
+        info["location"] = str(Path(resolved.location).resolve())  # the exact weights, loadable by transformers
         folder = Path(resolved.location)
         for path in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
             info["weights_sha256"][path.name] = sha256_file(path)
@@ -116,8 +122,8 @@ def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> 
             shutil.copy2(path, dest / path.name)
     if method != "full":
         config = io.read_json(dest / "adapter_config.json")
-        config["base_model_name_or_path"] = base.get("hf_repo") or base["source"]
-        config["revision"] = base["revision"]
+        config["base_model_name_or_path"] = loadable_base(base)  # what AutoPeftModelForCausalLM loads
+        config["revision"] = base["revision"] if base.get("hf_repo") else None  # a folder has no hub revision
         (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     io.write_json(dest / "labkit_base_model.json", base)
 
@@ -207,7 +213,7 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
     recorded = io.read_json(run.dir / "model_source.json") if (run.dir / "model_source.json").exists() else {}
     card_dir = Path(status["card_source"]).parent if status.get("card_source") else run.dir
     resolved = resolve(recorded.get("source", card.model.source), recorded.get("revision") or card.model.revision, base=card_dir)
-    base = base_model_info(resolved, status.get("card_hash", loaded.hash), run.run_id)
+    base = base_model_info(resolved, status.get("card_hash", loaded.hash), run.run_id, card_dir)
     method = card.method.kind
     weights = "model" if method == "full" else "adapter"
     if merged and method == "full":

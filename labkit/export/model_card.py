@@ -18,6 +18,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.data.prepare import load_split
 from labkit.data.prompting import encode_rows
+from labkit.export.hub_card import front_matter
 from labkit.stages.preprocessing import length_stats
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
@@ -225,17 +226,20 @@ def render(info: dict[str, Any]) -> str:
     """
     card, base, results, limits = info["card"], info["base"], info["results"], info["limits"]
     reload = info.get("reload") or {}
-    lib = "transformers" if info["method"] == "full" else "peft"
-    front = ["---", f"library_name: {lib}", "tags: [labkit, " + info["method"] + "]"]
-    if base.get("hf_repo"):
-        front.append(f"base_model: {base['hf_repo']}")
-    lines = front + ["---", "", f"# {info['experiment']} / {info['run_id']}", ""]
+    lines = front_matter(info) + ["", f"# {info['experiment']} / {info['run_id']}", ""]
     status = "passed" if reload.get("ok") else "FAILED — do not use this export" if reload else "not run"
     lines += [f"Exported by `labkit export` from run `{info['run_id']}`. Reload check: **{status}**"
               + (f" ({info['reload_summary']})." if info.get("reload_summary") else "."), "",
               "## Hypothesis", "", card.experiment.hypothesis.strip(), "",
               f"Primary metric `{card.experiment.target.primary_metric}`, required gain ≥ {card.experiment.target.min_improvement}.", "",
               "## Base model", "", f"- source: `{base['source']}`", f"- exact revision: `{base['revision']}`"]
+    described = base.get("described") or {}
+    license_ = described.get("license") or "unknown (check it before you share this)"
+    lines += [f"- model: {described.get('name')}; license: {license_}; language: {described.get('language') or 'not stated'}"
+              f" (read from {described.get('from')})"]
+    if not base.get("hf_repo") and info["method"] != "full":
+        lines.append(f"- `adapter_config.json` names the local folder of these exact weights, `{base.get('location')}`: "
+                     "`AutoPeftModelForCausalLM` loads it on this machine; elsewhere use the snippet below")
     for name, sha in (base.get("weights_sha256") or {}).items():
         lines.append(f"- sha256 of `{name}`: `{sha}`")
     m = info["manifest"] or {}

@@ -7,12 +7,13 @@ same notebook runs on a laptop, Colab, Kaggle or a rented GPU; dtypes and the at
 
 from __future__ import annotations
 
+import importlib.util
 from functools import lru_cache
 from typing import Any
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
-from labkit.errors import ModelSourceError
+from labkit.errors import MethodError, ModelSourceError
 from labkit.model.placement import Decisions, decide
 from labkit.model.sources import ResolvedModel
 
@@ -77,6 +78,9 @@ def quantization_config(card: Card, device: str | None = None) -> Any:
     """The BitsAndBytesConfig of a qlora card, else None."""
     if card.method.kind != "qlora":
         return None
+    if importlib.util.find_spec("bitsandbytes") is None:  # an optional dependency: the [gpu] extra
+        raise MethodError("method.kind: qlora needs bitsandbytes, which is not installed: pip install 'labkit[gpu]' "
+                          "(on a CUDA machine), or use method.kind: lora")
     import torch
     from transformers import BitsAndBytesConfig
 

@@ -44,7 +44,8 @@ def loaded_bytes(model: Any) -> int:
 
 
 def measure(stage: Any, rows: list[dict[str, Any]], seq_len: int) -> dict[str, Any]:
-    """Two real steps of the stage-04 trainer at `seq_len` on a freshly loaded model, measured.
+    """Two real steps of the stage-04 trainer at `seq_len` on a freshly loaded model, measured, and one evaluation
+    batch of real validation rows (`eval.batch_size` of them) timed as stage 04's validation passes run it.
 
     Returns:
         `labkit.preflight.measure.measure_step`'s result plus "weights_bytes" (counted) and "peak_bytes" (weights + step).
@@ -53,7 +54,7 @@ def measure(stage: Any, rows: list[dict[str, Any]], seq_len: int) -> dict[str, A
     model = model_factory(stage)()
     weights = loaded_bytes(model)
     result = measure_step(stage.card, model, stage.tokenizer, rows, seq_len, Path(tempfile.mkdtemp(prefix="labkit-mem-")),
-                          device=stage.device)
+                          device=stage.device, eval_rows=stage.split("validation")[:stage.card.eval.batch_size])
     del model
     gc.collect()
     return {**result, "weights_bytes": weights, "peak_bytes": weights + result["memory"]["delta_bytes"]}
@@ -151,7 +152,9 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     micro-batches padded to their longest row, and each micro-batch costs the measured step time at that length
     (a line through the measurements at two lengths); the first step costs what the measured first step took more
     than the second (the optimiser states are allocated). Validation-loss passes (every train.eval_steps steps, as
-    stage 04 schedules them) cost a forward pass, a third of a training micro-batch at the same length.
+    stage 04 schedules them) cost what stage 03's timed evaluation batch took per padded token, for every batch of
+    eval.batch_size validation rows (packed rows when train.packing) padded to its longest row; without a timed
+    evaluation (DPO / ORPO), a third of a training micro-batch at the same length.
 
     Args:
         card: the card.
@@ -186,10 +189,16 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     eval_steps = t.eval_steps or max(1, (t.max_steps or math.ceil(math.ceil(len(train_lengths) / t.micro_batch)
                                                                    / t.grad_accum * (t.epochs or 1))) // 4)
     evaluations = steps // eval_steps if validation_lengths else 0
-    ordered = validation_lengths
+    ordered = row_lengths(card, validation_lengths)
     batch = card.eval.batch_size
-    one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
-                   for i in range(0, len(ordered), batch))
+    timed = [m for m in measured if m.get("eval_seconds") and m.get("eval_tokens")]
+    if timed:
+        per_token = sum(m["eval_seconds"] for m in timed) / sum(m["eval_tokens"] for m in timed)
+        one_pass = sum(per_token * len(ordered[i:i + batch]) * max(ordered[i:i + batch])
+                       for i in range(0, len(ordered), batch))
+    else:
+        one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
+                       for i in range(0, len(ordered), batch))
     first = next((m["step_seconds"] for m in measured if len(m.get("step_seconds") or []) > 1), None)
     warmup = max(0.0, first[0] - first[-1]) if first else 0.0  # the first step allocates the optimiser states
     total = seconds + warmup + evaluations * one_pass

@@ -77,8 +77,9 @@ def test_adapter_is_tied_to_the_exact_base_revision(exported) -> None:
     adapter = run / "export" / "adapter"
     source = io.read_json(run / "model_source.json")
     config = io.read_json(adapter / "adapter_config.json")
-    assert config["base_model_name_or_path"] == "tiny:llama" == source["source"]
-    assert config["revision"] == source["revision"] and len(config["revision"]) == 64
+    assert source["source"] == "tiny:llama" and len(source["revision"]) == 64
+    assert config["base_model_name_or_path"] == str(Path(resolve("tiny:llama").location).resolve())  # loadable
+    assert config["revision"] is None  # a local folder has no hub revision; labkit_base_model.json holds labkit's
     base = io.read_json(adapter / "labkit_base_model.json")
     assert base["source"] == "tiny:llama" and base["revision"] == source["revision"]
     weights = Path(resolve("tiny:llama").location) / "model.safetensors"
@@ -117,6 +118,41 @@ def test_model_card_has_revision_results_and_limits(exported) -> None:
         if path.is_file():
             blob = path.read_bytes()
             assert not any(s.encode() in blob for s in secrets), path
+
+
+def test_auto_peft_model_loads_the_adapter_and_reproduces_the_reload(exported) -> None:
+    import torch
+    from peft import AutoPeftModelForCausalLM, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from labkit.model.sources import resolve
+
+    run, _ = exported
+    adapter = run / "export" / "adapter"
+    auto = AutoPeftModelForCausalLM.from_pretrained(str(adapter), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(resolve("tiny:llama").location, dtype=torch.float32)
+    explicit = PeftModel.from_pretrained(base, str(adapter)).eval()
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    with torch.no_grad():
+        assert torch.equal(auto(input_ids=ids).logits, explicit(input_ids=ids).logits)
+
+
+def test_model_card_header_follows_the_hub_conventions(exported) -> None:
+    import yaml
+
+    run, _ = exported
+    text = (run / "export" / "README.md").read_text()
+    assert text.startswith("---\n")
+    header = yaml.safe_load(text.split("---\n")[1])
+    assert header["pipeline_tag"] == "text-generation" and header["library_name"] == "peft"
+    assert "base_model" not in header  # tiny:llama has no hub id; the body says what it is
+    assert "- model: tiny:llama" in text and "AutoPeftModelForCausalLM" in text
+    (index,) = header["model-index"]
+    tuned = io.read_json(run / "comparison" / "tuned_metrics.json")["overall"]
+    reported = {m["type"]: m["value"] for r in index["results"] for m in r["metrics"]}
+    assert {r["dataset"]["split"] for r in index["results"]} == {"validation"}  # the test split was not opened
+    assert reported["field_accuracy"] == pytest.approx(tuned["field_accuracy"])
+    assert set(reported) == {k for k, v in tuned.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def test_tampered_export_is_reported_failing(exported, tmp_path: Path) -> None:
@@ -193,6 +229,7 @@ def test_model_card_reports_the_test_split_when_final_opened_it(exported, tmp_pa
     text = modelcard.render(info)
     assert "Opened by `labkit final` on 2026-12-01T00:00:00Z (opening #1), 10 test rows." in text
     assert "Test split not opened" not in text and "failing guardrails (test): none" in text
+    assert "split: test" in text and "split: validation" in text  # model-index: both splits' results
 
 
 def _parameter_storages(shape: tuple[int, ...]) -> set[int]:

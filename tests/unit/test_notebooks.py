@@ -13,6 +13,19 @@ from labkit.core.runs import NOTEBOOKS, STAGES
 NB_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+def setup_cell() -> str:
+    """The Colab/Kaggle set-up cell (tests/integration/test_wheel.py runs it in a fresh venv)."""
+    return nbformat.read(NB_DIR / NOTEBOOKS[STAGES[0]], as_version=4).cells[1].source
+
+
+def test_setup_cell_needs_no_labkit_and_names_no_placeholder() -> None:
+    source = setup_cell()
+    tree = ast.parse(source)
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert imported <= {"glob", "importlib", "os", "subprocess", "sys"}, imported
+    assert "<" not in source and "your-fork" not in source
+
+
 def test_one_notebook_per_stage() -> None:
     assert sorted(p.name for p in NB_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS.values())
 
@@ -24,7 +37,8 @@ def test_contract(stage: str) -> None:
     cells = book.cells
     assert cells[0].cell_type == "markdown" and "Purpose" in cells[0].source and "Decides" in cells[0].source
     assert "Colab / Kaggle" in cells[0].source
-    params = cells[1]
+    assert cells[1].source == setup_cell(), "the first code cell is the Colab/Kaggle set-up, the same in every notebook"
+    params = cells[2]
     assert params.cell_type == "code" and params.metadata.get("tags") == ["parameters"]
     assert sum("parameters" in c.metadata.get("tags", []) for c in cells) == 1
     tree = ast.parse(params.source)
@@ -34,7 +48,7 @@ def test_contract(stage: str) -> None:
         names.append(node.targets[0].id)
     assert names == ["card", "run_dir"]
     assert all("# help:" in line for line in params.source.splitlines())
-    assert f'open_stage("{stage}", card, run_dir)' in cells[2].source
+    assert f'open_stage("{stage}", card, run_dir)' in cells[3].source
     assert "stage.done(" in "".join(c.source for c in cells if c.cell_type == "code")
 
 

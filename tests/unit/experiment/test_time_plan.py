@@ -45,3 +45,16 @@ def test_packed_rows_are_what_the_trainer_batches() -> None:
     assert plan["train_seconds"] == pytest.approx(10 * 4.0 + 0.5)
     assert plan["examples_per_step"] == pytest.approx(40 / 3)
     assert plan["train_tokens"] == 4000
+
+
+def test_validation_passes_cost_the_timed_evaluation_per_padded_token() -> None:
+    card = _card(max_steps=8, micro_batch=4, grad_accum=1, eval_steps=4)
+    card.eval.batch_size = 4
+    # stage 03 timed one evaluation of 4 rows × 100 tokens in 0.8 s: 0.002 s per padded token
+    timed = [{**m, "eval_seconds": 0.8, "eval_tokens": 400} for m in MEASURED]
+    plan = time_plan(card, [100] * 36, [100, 100, 100, 200, 50, 50], timed)
+    # 2 passes; batches [100, 100, 100, 200] → 4 × 200 tokens and [50, 50] → 2 × 50: 900 tokens × 0.002 s
+    assert plan["evaluations"] == 2
+    assert plan["evaluation_seconds"] == pytest.approx(2 * 900 * 0.002)
+    untimed = time_plan(card, [100] * 36, [100, 100, 100, 200, 50, 50], MEASURED)  # no timed evaluation: the rule
+    assert untimed["evaluation_seconds"] != pytest.approx(plan["evaluation_seconds"])

@@ -85,8 +85,13 @@ def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
     card.train.packing = True  # stage 03 measures with fixed-length rows that carry no position ids
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
-    result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()))
+    result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()),
+                          eval_rows=rows[:4])
     assert len(result["step_seconds"]) == 2 and result["memory"]["delta_bytes"] > 0
+    # the memory pass and the timed pass are separate; the evaluation ran on the 4 rows packed as stage 04 packs them
+    assert len(result["memory_pass_seconds"]) == 2 and result["eval_seconds"] > 0
+    tokens = sum(len(e.input_ids) for e in encode_rows(load_tokenizer(tiny_model, card), card, rows[:4]))
+    assert tokens <= result["eval_tokens"] <= 4 * card.data.max_length
 
 
 def test_training_packed_through_the_trainer(card, tiny_model) -> None:

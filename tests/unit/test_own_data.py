@@ -1,0 +1,27 @@
+"""params/examples/own-data.yaml: the "my data, my model" card inherits nothing from the tickets and its data prepares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from labkit.card.load import load_card
+from labkit.data.prepare import checked_splits
+from labkit.model.loading import load_tokenizer
+
+CARD = Path(__file__).resolve().parents[2] / "params" / "examples" / "own-data.yaml"
+
+
+def test_own_data_card_stands_alone() -> None:
+    loaded = load_card(CARD)
+    card = loaded.card
+    assert loaded.chain == [CARD] and "parent" not in CARD.read_text()
+    assert card.model.source.startswith("hf:") and card.model.source.endswith("@" + card.model.revision)
+    assert card.data.source.path == str(CARD.parent / "own-data.jsonl") and card.data.target_format.kind == "label"
+    assert "ticket" not in CARD.read_text().lower() and "json" not in card.data.prompt.system.lower()
+
+
+def test_own_data_prepares_with_every_check(tiny_model) -> None:
+    card = load_card(CARD).card
+    derived, _ = checked_splits(card, load_tokenizer(tiny_model, card))
+    assert derived.rows_loaded == 45
+    assert {row["category"] for row in derived.splits["validation"]} == {"positive", "negative", "neutral"}
