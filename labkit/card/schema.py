@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
-from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict
+from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict, Tracking
 from labkit.scoring.metrics import METRICS, RUN_METRICS, TWO_SIDED
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
@@ -217,6 +217,7 @@ class Card(Strict):
     eval: Eval = Field(default_factory=Eval)
     distributed: Distributed = Field(default_factory=Distributed)
     budget: Budget = Field(default_factory=Budget)
+    tracking: Tracking = Field(default_factory=Tracking)
     notes: str | None = Field(default=None, description="free text kept with the run")
 
     @model_validator(mode="after")

@@ -272,3 +272,17 @@ class Data(Strict):
                 except jsonschema.SchemaError as exc:
                     raise ValueError(f"drop_target_failing_schema is not a valid JSON Schema ({exc.message})") from None
         return rules
+
+
+# --------------------------------------------------------------------------- tracking
+class MlflowTracking(Strict):
+    uri: str = Field(min_length=1, description="the MLflow tracking URI: a local store (sqlite:///mlflow.db, a folder "
+                     "path) or a server (http://host:5000); a relative path is taken from the runs folder")
+
+
+class Tracking(Strict):
+    """Where runs are also reported (off by default); not protocol-fixed: tracking never changes a result."""
+
+    mlflow: MlflowTracking | None = Field(default=None, description="mirror every run into MLflow (one MLflow "
+                                          "experiment per experiment.id): card, data version, metrics, status, notebooks")
+    tensorboard: bool = Field(default=False, description="stage 04 writes TensorBoard event files to training/tensorboard")

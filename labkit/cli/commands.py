@@ -174,6 +174,10 @@ def _result(summary: dict[str, Any]) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     """`labkit runs [EXPERIMENT]`: the registry as a table (every run, failed and interrupted too)."""
     root = _root(args)
+    if getattr(args, "follow", None):  # one run's live progress (labkit.cli.follow)
+        from labkit.cli.follow import follow
+
+        return 0 if follow(R.find_run(args.follow, root)) == "completed" else 1
     for run_id in R.mark_dead_runs(root):
         print(f"labkit: {run_id} was recorded as running but its process is gone: marked interrupted", file=sys.stderr)
     rows = R.summarise(R.read_registry(root))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -11,14 +10,19 @@ from typing import Any, Callable
 
 from labkit import errors
 from labkit.card.load import LoadedCard, load_card
+from labkit.cli.follow import Tail
+from labkit.cli.signals import Signals
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import is_dead, start_heartbeat
+from labkit.core.progress import ENV as PROGRESS_ENV
+from labkit.core.progress import FILE as PROGRESS_FILE
 from labkit.core.protocol import check_protocol
 from labkit.data.checks import check_card_data
 from labkit.errors import MissingInput, ModelSourceError, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.report import build_report
+from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.sources import check_source
 
 # papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
@@ -35,19 +39,29 @@ def notebooks_dir(explicit: str | Path | None = None) -> Path:
     raise MissingInput("the stage notebooks were not found (run from the labkit checkout or pass --notebooks DIR)")
 
 
-def _kernel_env() -> dict[str, str]:
-    """Environment for the notebook kernels: quieter progress bars in archived notebooks."""
-    env = {"TQDM_MININTERVAL": "15", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    return {"LABKIT_BATCH": "1", **{k: v for k, v in env.items() if k not in os.environ}}
+def _say(line: str) -> None:
+    """A progress line on stdout, at once (also when stdout is a pipe)."""
+    print(line, flush=True)
 
 
-def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
-    """Execute one stage notebook of a run with papermill.
+def _kernel_env(run: R.Run, stage: str) -> dict[str, str]:
+    """Environment for the notebook kernels: no progress bars in archived notebooks (the stage's progress events go
+    to the run's progress.jsonl, which the runner prints), and stage 03's step time for stage 04's ETA."""
+    env = {"TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    fit = run.dir / "parameter_check" / "fit.json"
+    step = (io.read_json(fit).get("plan") or {}).get("seconds_per_step") if fit.exists() else None
+    return {"LABKIT_BATCH": "1", PROGRESS_ENV: str(run.dir / PROGRESS_FILE), "LABKIT_STAGE": stage,
+            "LABKIT_STEP_SECONDS": str(step or ""), **{k: v for k, v in env.items() if k not in os.environ}}
+
+
+def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], None] = _say) -> float:
+    """Execute one stage notebook of a run with papermill, printing its progress events as they come.
 
     Args:
         run: the run (its card.yaml is what the notebook loads).
         stage: the stage name.
         nb_dir: folder of the template notebooks.
+        log: where progress lines go.
     Returns:
         the stage's wall time in seconds.
     Raises:
@@ -59,13 +73,14 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path) -> float:
     target = run.dir / "notebooks" / R.NOTEBOOKS[stage]
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    os.environ.update(_kernel_env())
+    os.environ.update(_kernel_env(run, stage))
     try:
-        pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},
-                            kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
-                            # the kernel's own log lines (transport warnings) would drown the progress lines;
-                            # everything the notebook prints or raises is kept in the executed notebook
-                            extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+        with Tail(run.dir, log):
+            pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},
+                                kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
+                                # the kernel's own log lines (transport warnings) would drown the progress lines;
+                                # everything the notebook prints or raises is kept in the executed notebook
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
@@ -92,81 +107,49 @@ def _summary(run: R.Run) -> dict[str, Any]:
                                                                    "tuned": None if tuned is None else round(tuned, 4)}}
 
 
-class _Signals:
-    """SIGTERM / Ctrl-C while `labkit run` executes a stage.
-
-    During training the signal is passed on to the stage's kernel, which finishes its step, writes a
-    checkpoint and stops (the stage then fails with TrainingInterrupted, recorded as interrupted);
-    in any other stage, or on a second signal, the run stops at once (recorded as interrupted).
-    """
-
-    def __init__(self, run: R.Run) -> None:
-        self.run = run
-        self.stage = ""
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> "_Signals":
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.getsignal(sig)
-            signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-    def _handler(self, signum: int, frame: Any) -> None:
-        name = signal.Signals(signum).name
-        kernel = self.run.status().get("stages", {}).get(self.stage, {}).get("pid")
-        if self.received is None and self.stage == "training" and kernel:
-            self.received = name
-            print(f"labkit: {name} — asking the training stage to checkpoint and stop (again to stop at once)",
-                  file=sys.stderr, flush=True)
-            try:
-                os.kill(int(kernel), signal.SIGTERM)
-                return
-            except ProcessLookupError:
-                pass
-        raise KeyboardInterrupt(name)
-
-
 def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[str], None]) -> None:
     """Execute stages in order, recording failure and interruption (the run's status follows)."""
     total = time.monotonic()
     timings: dict[str, float] = {}
     stage = stages[0]
     beating = start_heartbeat(run.dir)
+    os.environ.update(mirror_safely(run))  # the trainer's MLflow callback joins the mirrored run
     try:
-        with _Signals(run) as signals:
+        with Signals(run) as signals:
             for i, stage in enumerate(stages, 1):
                 signals.stage = stage
                 log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
-                seconds = execute_stage(run, stage, nb_dir)
+                seconds = execute_stage(run, stage, nb_dir, log)
                 timings[stage] = round(seconds, 1)
                 log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
+                mirror_safely(run)
     except StageInterrupted as exc:
         R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
+        mirror_safely(run, final=True)
         raise KeyboardInterrupt(str(exc)) from None
     except StageFailed as exc:
         R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)
-        refresh_report(run, log)
+        mirror_safely(run, final=True, report=refresh_report(run, log))
         raise
     except KeyboardInterrupt:
         R.record(run, "interrupted", status="interrupted", stage=stage, timings=timings)
+        mirror_safely(run, final=True)
         raise
     except Exception as exc:  # noqa: BLE001 - the kernel died, papermill broke…: still recorded
         R.record(run, "failed", status="failed", stage=stage, error=f"{type(exc).__name__}: {exc}"[:500], timings=timings)
+        mirror_safely(run, final=True)
         raise
     finally:
         beating.set()
+        for name in MLFLOW_ENV:  # the next card's run is its own
+            os.environ.pop(name, None)
     summary = _summary(run)
     budget = _budget_stop(run)
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
              summary=summary, **budget)
     label = R.status_label({"status": "completed", **budget})
     log(f"{label} in {time.monotonic() - total:.0f} s → {run.dir}" + (f" ({budget['note']})" if budget else ""))
-    refresh_report(run, log)
+    mirror_safely(run, final=True, report=refresh_report(run, log))
 
 
 def _budget_stop(run: R.Run) -> dict[str, Any]:
@@ -200,22 +183,25 @@ def check_card(loaded: LoadedCard, root: Path) -> dict[str, Any]:
     return check_protocol(loaded.resolved, root, str(loaded.path))
 
 
-def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> None:
+def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | None:
     """Rebuild the experiment's HTML report after a run changed (a failure to do so never fails the run).
 
     LABKIT_REPORT=0 skips it (`labkit compare EXPERIMENT` builds it on demand).
     """
     if os.environ.get("LABKIT_REPORT") == "0":
-        return
+        return None
     try:
-        log(f"experiment report: {build_report(run.root, run.experiment)}")
+        page = build_report(run.root, run.experiment)
+        log(f"experiment report: {page}")
+        return page
     except Exception as exc:  # noqa: BLE001 - the run's own results are already recorded
         log(f"labkit: the experiment report was not refreshed ({type(exc).__name__}: {exc}); "
             f"`labkit compare {run.experiment}` retries")
+    return None
 
 
 def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
-             log: Callable[[str], None] = print) -> R.Run:
+             log: Callable[[str], None] = _say) -> R.Run:
     """Run the stages of one card in a new run folder.
 
     Args:
@@ -238,7 +224,7 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     return run
 
 
-def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = print) -> R.Run:
+def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = _say) -> R.Run:
     """Continue an interrupted or failed run in this process: the stages not yet done, in order;
     the training stage continues from its newest checkpoint.
 
@@ -306,6 +292,7 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         run = R.new_run(loaded, root, mode="batch")
         io.write_json(run.dir / "env.json", capture())
     beating = start_heartbeat(run.dir)
+    os.environ.update(mirror_safely(run))
     try:
         seconds = execute_stage(run, stage, nb_dir)
     except StageInterrupted as exc:
@@ -321,8 +308,13 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         raise
     finally:
         beating.set()
+        if run.status().get("status") != "running":
+            mirror_safely(run, final=True)
+        for name in MLFLOW_ENV:
+            os.environ.pop(name, None)
     budget = _budget_stop(run) if stage == "training" else {}
     R.record(run, "completed", status="completed", stage=stage, seconds=round(seconds, 1), **budget)
+    mirror_safely(run, final=True)
     label = R.status_label({"status": "completed", **budget})
     print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir} ({label})", file=sys.stderr)
     return run

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from labkit.card.schema import Card
+from labkit.core.progress import emit
 from labkit.data.prompting import prompt_ids
 
 # torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
@@ -69,6 +71,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     stops = stop_ids(model, tokenizer)
     was_training = model.training
     model.eval()
+    start, done = time.monotonic(), 0
     with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
         for idx in batches([len(p) for p in prompts], card.eval.batch_size):
             width = max(len(prompts[i]) for i in idx)
@@ -85,6 +88,10 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
             for row, i in enumerate(idx):
                 answers[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()
             bar.update(len(idx))
+            done += len(idx)
+            seconds = time.monotonic() - start
+            emit(phase="generate", label=desc, done=done, total=len(prompts),
+                 eta_s=seconds / done * (len(prompts) - done))  # a batch's time grows with its prompts: a rough ETA
     if was_training:
         model.train()
     return answers

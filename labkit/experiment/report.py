@@ -21,6 +21,7 @@ import yaml
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
+from labkit.evaluate.human import RATINGS, human_verdict
 from labkit.experiment.compare import compare_experiment
 from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
 
@@ -154,6 +155,11 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
     if "intervals" not in row:
         return "\n".join(parts)
     parts.append(f"<p><b>Hypothesis:</b> {html.escape(row['hypothesis'])}</p><p><b>{html.escape(row['verdict'])}</b></p>")
+    people = human_verdict(Path(row["dir"]) / "comparison" / RATINGS)  # blind A/B ratings, when a person gave some
+    if people:
+        kappa = "" if people["kappa"] is None else f", Cohen's κ {people['kappa']:.2f}"
+        parts.append(f"<p><b>Human verdict</b> (blind A/B, order seed {people['seed']}): "
+                     f"{html.escape(people['verdict'])}{kappa}.</p>")
     changed = row.get("changed") or {}
     items = "".join(f"<li><code>{html.escape(fmt_change(k, v))}</code></li>" for k, v in changed.items())
     parts.append(f"<p>Changed against its parent (<code>{html.escape(str(row.get('parent')))}</code>):</p>"

@@ -8,6 +8,7 @@ get TRL's DPOTrainer / ORPOTrainer from `labkit.train.preference`, with the same
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=False,
         padding_free=False, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
         optim=OPTIMIZERS[t.optimizer][1], logging_steps=1 if checkpoints else t.logging_steps, logging_first_step=True,
-        report_to="none",
+        report_to=report_to(card) if checkpoints else "none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
     if t.packing:
@@ -138,7 +139,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     if t.trainer != "sft":  # preference pairs: TRL's DPO/ORPO trainer with the same arguments and callbacks
 
         return _attach(preference_trainer(card, model, tokenizer, train_rows, eval_rows, config, callbacks),
-                       budget, interruption, checkpoints, t.logging_steps)
+                       budget, interruption, checkpoints, t.logging_steps, output_dir)
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     collator = None
     if t.packing:  # labkit packs (packing.py): block-diagonal masks, so examples never attend to each other
@@ -154,7 +155,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         model=model, args=args, train_dataset=train_dataset, data_collator=collator,
         eval_dataset=to_dataset(tokenizer, card, eval_rows) if eval_rows else None, processing_class=tokenizer,
         callbacks=callbacks)
-    _attach(trainer, budget, interruption, checkpoints, t.logging_steps)
+    _attach(trainer, budget, interruption, checkpoints, t.logging_steps, output_dir)
     trainer.labkit_decisions = getattr(model, "labkit_decisions", None)
     if t.loss_normalisation == "micro_batch_mean":
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
@@ -162,12 +163,33 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     return trainer
 
 
-def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints: bool, logging_steps: int) -> Any:
-    """What stage 04 reads from every trainer (budget, interruption) and the printing of every `logging_steps`."""
+def report_to(card: Card) -> list[str]:
+    """The trainer's `report_to` from the card's `tracking` section: "tensorboard", and "mlflow" when `labkit run`
+    mirrors this run into MLflow (it sets MLFLOW_RUN_ID, so the step metrics join the mirrored run).
+
+    Args:
+        card: the card.
+    Returns:
+        the integrations' names (empty: none).
+    """
+    names = ["tensorboard"] if card.tracking.tensorboard else []
+    if card.tracking.mlflow is not None and os.environ.get("MLFLOW_RUN_ID"):
+        names.append("mlflow")
+    return names
+
+
+def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints: bool, logging_steps: int,
+            output_dir: Path) -> Any:
+    """What stage 04 reads from every trainer (budget, interruption), the printing of every `logging_steps`, live
+    progress and the TensorBoard folder (`training/tensorboard`, next to the trainer's output folder)."""
     trainer.labkit_budget = budget
     trainer.labkit_interruption = interruption
     if checkpoints:
         _print_every(trainer, logging_steps)
+        from labkit.train.live import progress_callback, tensorboard_into
+
+        trainer.add_callback(progress_callback(logging_steps))
+        tensorboard_into(trainer, Path(output_dir).parent / "tensorboard")
     return trainer
 
 
