@@ -29,16 +29,6 @@ from labkit.model.sources import check_source
 # start fast
 
 
-def notebooks_dir(explicit: str | Path | None = None) -> Path:
-    """Where the stage notebooks are: explicit, else <project root>/notebooks, else next to the labkit package."""
-    candidates = [Path(explicit)] if explicit else []
-    candidates += [R.project_root() / "notebooks", Path(__file__).resolve().parent.parent / "notebooks"]
-    for folder in candidates:
-        if (folder / R.NOTEBOOKS[R.STAGES[0]]).exists():
-            return folder.resolve()
-    raise MissingInput("the stage notebooks were not found (run from the labkit checkout or pass --notebooks DIR)")
-
-
 def _say(line: str) -> None:
     """A progress line on stdout, at once (also when stdout is a pipe)."""
     print(line, flush=True)
