@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from labkit.card.schema import Card
 from labkit.core.progress import emit
 from labkit.data.prompting import prompt_ids
@@ -60,6 +58,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
         the decoded answers, in the order of `rows`.
     """
     import torch
+    from tqdm.auto import tqdm  # at call time: under `labkit run` the stage replaces it (plain text on stdout)
 
     if card.eval.max_new_tokens is None:
         raise ValueError("eval.max_new_tokens is unset: open the run's stage (labkit.stages.context) so stage 01 sizes "

@@ -97,6 +97,8 @@ def test_label_experiment_report_in_a_headless_browser(tmp_path: Path, repo: Pat
     notebook = json.loads((run_dir / "notebooks" / "05_comparison.ipynb").read_text())
     streams = [o for c in notebook["cells"] for o in c.get("outputs", []) if o.get("name") == "stderr"]
     assert not any("Warning" in "".join(o["text"]) or "warn(" in "".join(o["text"]) for o in streams), streams
+    for path in sorted((run_dir / "notebooks").glob("*.ipynb")):  # progress bars as text, never a widget
+        assert "widgets" not in json.loads(path.read_text())["metadata"], f"{path.name} holds widget state"
     index = (out / "index.html").read_text()
     assert "method.r: 4 → 8" in index and "Run against run" in index
 
