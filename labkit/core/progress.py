@@ -40,12 +40,12 @@ def emit(**event: Any) -> None:
 
 
 def fmt_seconds(seconds: float | None) -> str:
-    """h:mm:ss or m:ss."""
+    """Seconds as m:ss (h:mm:ss from an hour on); "—" when unknown. The one formatter: `labkit.show.tables` uses it."""
     if seconds is None:
-        return "?"
-    seconds = int(round(max(0.0, seconds)))
-    h, rest = divmod(seconds, 3600)
-    return f"{h}:{rest // 60:02d}:{rest % 60:02d}" if h else f"{rest // 60}:{rest % 60:02d}"
+        return "—"
+    hours, rest = divmod(int(round(max(0.0, seconds))), 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def describe(event: dict[str, Any]) -> str:

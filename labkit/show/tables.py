@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from labkit.core.progress import fmt_seconds
+
 # IPython, pandas take seconds to import: imported inside the functions that use them, so `labkit` commands and card
 # checks start fast
 
@@ -78,16 +80,6 @@ def html(text: str) -> Any:
     from IPython.display import HTML
 
     return HTML(text)
-
-
-def fmt_seconds(seconds: float | None) -> str:
-    """Seconds as m:ss (h:mm:ss from an hour on); "—" when unknown."""
-    if seconds is None:
-        return "—"
-    whole = int(round(seconds))
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def fmt_gib(value: float | None, from_bytes: bool = False) -> str:
