@@ -92,6 +92,7 @@ def main() -> int:
     import transformers
 
     from labkit.card.load import load_card
+    from labkit.card.update import updated
     from labkit.data.prompting import prompt_ids
     from labkit.evaluate.generation import generate_answers
     from labkit.model.loading import load_model, load_tokenizer
@@ -99,7 +100,7 @@ def main() -> int:
 
     card = load_card(CARD).card
     if args.batch_size:
-        card.eval.batch_size = args.batch_size
+        card = updated(card, {"eval.batch_size": args.batch_size})
     path = validation_rows(card, args.rows)
     rows = io.read_jsonl(path)
     rows = rows[: args.limit] if args.limit else rows

@@ -69,7 +69,6 @@ def _memory(card, source, tokenizer, rows, seq_len: int, device: str, kind: str)
     from labkit.preflight.measure import measure_step
     from labkit.preflight.memory import estimate_step
 
-    card = card.model_copy(deep=True)
     data = card.model_dump()
     data["method"] = {"kind": kind, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
     data["train"]["packing"] = False
@@ -100,6 +99,7 @@ def _throughput(card, source, tokenizer, rows, steps: int, device: str) -> dict:
     from throughput import _Counting, _PadToMax
     from trl import SFTTrainer
 
+    from labkit.card.update import updated
     from labkit.model.loading import load_model
     from labkit.model.method import apply_method
     from labkit.model.sources import resolve
@@ -107,10 +107,10 @@ def _throughput(card, source, tokenizer, rows, steps: int, device: str) -> dict:
 
     out = {}
     for recipe in ("labkit", "padded", "dynamic"):
-        c = card.model_copy(deep=True)
+        c = card
         if recipe != "labkit":
-            c.train.packing = False
-            c.train.micro_batch, c.train.grad_accum = (4, 1) if recipe == "padded" else (2, 4)
+            c = updated(card, {"train.packing": False, "train.micro_batch": 4 if recipe == "padded" else 2,
+                               "train.grad_accum": 1 if recipe == "padded" else 4})
         model = apply_method(load_model(resolve(source), c, device), c)
         trainer = build_trainer(c, model, tokenizer, rows, Path(tempfile.mkdtemp()), device=device, max_steps=steps,
                                 logging_steps=steps, disable_tqdm=True)
@@ -143,6 +143,7 @@ def main() -> int:
         print(json.dumps({"benchmark": "gpu_check", "skipped": "needs a CUDA GPU"}))
         return 0
     from labkit.card.load import load_card
+    from labkit.card.update import updated
     from labkit.core.device import capture
     from labkit.data import sources as D
     from labkit.data.prompting import encode_rows
@@ -154,10 +155,9 @@ def main() -> int:
     start = time.perf_counter()
     device = "cpu" if args.cpu_dry_run else "cuda"
     steps, seq_len = (1, 64) if args.cpu_dry_run else (args.steps, args.seq_len)
-    card = load_card(CARD).card.model_copy(deep=True)
+    card = load_card(CARD).card
     source, what = _model_source(card, small=args.cpu_dry_run)
-    card.model.source, card.model.revision = source, None
-    card.model.dtype, card.train.precision = "auto", "auto"
+    card = updated(card, {"model.source": source, "model.revision": None, "model.dtype": "auto", "train.precision": "auto"})
     profile = capture(device)
     made = decide(card, profile, world_size=1)
     tokenizer = load_tokenizer(resolve(source), card)

@@ -28,6 +28,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     """Estimate and measure one configuration in this process."""
     from labkit.card.load import load_card
     from labkit.card.schema import Full, Lora, Qlora
+    from labkit.card.update import updated
     from labkit.data import sources as D
     from labkit.model.loading import load_model, load_tokenizer, pick_device
     from labkit.model.method import apply_method
@@ -37,10 +38,9 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     from labkit.stages.parameter_check import loaded_bytes
 
     card = load_card(CARD).card
-    card.train.micro_batch = micro_batch
-    card.data.max_length = max(card.data.max_length, seq_len)
-    card.method = {"full": Full(kind="full"), "lora": Lora(kind="lora", r=16, alpha=32, dropout=0.0),
-                   "qlora": Qlora(kind="qlora", r=16, alpha=32, dropout=0.0)}[method]
+    card = updated(card, {"train.micro_batch": micro_batch, "data.max_length": max(card.data.max_length, seq_len),
+                          "method": {"full": Full(kind="full"), "lora": Lora(kind="lora", r=16, alpha=32, dropout=0.0),
+                                     "qlora": Qlora(kind="qlora", r=16, alpha=32, dropout=0.0)}[method]})
     device = pick_device()
     resolved = resolve(card.model.source, card.model.revision, base=CARD.parent)
     from transformers import AutoConfig

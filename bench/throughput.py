@@ -83,14 +83,14 @@ class _Counting:
 def _trainer(recipe: str, card, resolved, tokenizer, rows, steps: int):
     from trl import SFTTrainer
 
+    from labkit.card.update import updated
     from labkit.model.loading import load_model
     from labkit.model.method import apply_method
     from labkit.train.trainer import build_trainer
 
-    card = card.model_copy(deep=True)
     if recipe != "labkit":  # the classic recipes: no packing, TRL's own loss
-        card.train.packing = False
-        card.train.micro_batch, card.train.grad_accum = (4, 1) if recipe == "padded" else (2, 4)
+        card = updated(card, {"train.packing": False, "train.micro_batch": 4 if recipe == "padded" else 2,
+                              "train.grad_accum": 1 if recipe == "padded" else 4})
     model = apply_method(load_model(resolved, card, "cpu"), card)
     trainer = build_trainer(card, model, tokenizer, rows, Path(tempfile.mkdtemp()), device="cpu", max_steps=steps,
                             logging_steps=steps, disable_tqdm=True)

@@ -19,12 +19,13 @@ from pydantic import ValidationError
 
 from labkit.card.schema import Card
 from labkit.card.shipped import shipped_card
+from labkit.card.update import updated
 from labkit.errors import CardError
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedCard:
-    """A validated card with where it came from.
+    """A validated card with where it came from (frozen, like the card).
 
     Attributes:
         card: the validated, resolved card.
@@ -254,7 +255,7 @@ def load_card(path: str | Path) -> LoadedCard:
         card = Card.model_validate(resolved)
     except ValidationError as exc:
         raise CardError(_format_error(exc, chain)) from None
-    _check_paths(card, path, chain)
+    card = _check_paths(card, path, chain)
     parent_resolved: dict[str, Any] = {}
     if len(chain) > 1:
         for _, _, data in reversed(chain[1:]):
@@ -275,8 +276,8 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # pypi:, hf:, tiny:… (2+ letters: not a Windows drive)
 
 
-def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> None:
-    """Resolve the data and model paths against the card's folder (made absolute in the resolved card)."""
+def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> Card:
+    """The card with its data and model paths resolved against the card's folder (absolute in the resolved card)."""
     def where(loc: tuple[str, ...]) -> str:
         for path, node, _ in chain:
             line = _line_of(node, loc)
@@ -284,6 +285,7 @@ def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node 
                 return f"{path}:{line}"
         return str(card_path)
 
+    changes: dict[str, Any] = {}
     source = card.data.source
     if hasattr(source, "path"):
         resolved = _resolve_relative(source.path, card_path)
@@ -293,20 +295,23 @@ def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node 
         if not resolved.exists():
             raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: file not found: {source.path} "
                             f"(looked for {resolved}; paths are relative to the card's folder)")
-        source.path = str(resolved)
-    for name, ref in (getattr(source, "files", None) or {}).items():  # a files source: one file per split
+        changes["data.source.path"] = str(resolved)
+    files = getattr(source, "files", None) or {}
+    for name, ref in files.items():  # a files source: one file per split
         resolved = _resolve_relative(ref, card_path)
         if not resolved.is_file():
             raise CardError(f"{where(('data', 'source', 'files', name))}: data.source.files.{name}: file not found: {ref} "
                             f"(looked for {resolved}; paths are relative to the card's folder)")
-        source.files[name] = str(resolved)
+    if files:
+        changes["data.source.files"] = {name: str(_resolve_relative(ref, card_path)) for name, ref in files.items()}
     model = card.model.source
     if not _SCHEME.match(model):  # a local model folder or .gguf file
         resolved = _resolve_relative(model, card_path)
         if not resolved.exists():
             raise CardError(f"{where(('model', 'source'))}: model.source: no such file or folder: {model} (looked for "
                             f"{resolved}; paths are relative to the card's folder)")
-        card.model.source = str(resolved)
+        changes["model.source"] = str(resolved)
+    return updated(card, changes) if changes else card
 
 
 def dump_yaml(data: dict[str, Any]) -> str:

@@ -13,9 +13,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class Strict(BaseModel):
-    """Base of every card section: unknown keys are errors."""
+    """Base of every card section: unknown keys are errors; a validated card is frozen (`labkit.card.update.updated`
+    gives a changed copy) and hashable, so what is computed from it can be cached (labkit.model.loading.decisions)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def __hash__(self) -> int:
+        return hash((type(self), _hashable(self.model_dump())))
+
+
+def _hashable(value: Any) -> Any:
+    """A hashable twin of dumped card data (lists as tuples, mappings as sorted pairs); equal data, equal twins."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
 
 
 # --------------------------------------------------------------------------- experiment
@@ -238,7 +251,7 @@ class Prompt(Strict):
 
 
 class RejectedFrom(Strict):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 
     from_: Literal["base_model"] = Field(
         alias="from", description="base_model: each training and validation row's rejected answer is the base model's "

@@ -108,13 +108,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
 def _check_data(loaded: Any, root: Path) -> dict[str, int]:
     """Stage 01's preparation in memory (model source resolved for its tokenizer): split sizes; writes no run."""
-    from labkit.core.protocol import pin_card
+    from labkit.core.protocol import pin_card, pinned
     from labkit.data.prepare import checked_splits
     from labkit.model.loading import load_tokenizer
     from labkit.model.sources import resolve
 
-    card = loaded.card
-    pin_card(card, root, card.experiment.id)  # revision: resolve → the experiment's commit (asked once), not recorded
+    card = pinned(loaded.card, pin_card(loaded.card, root, loaded.card.experiment.id))  # revision: resolve → the experiment's commit (asked once), not recorded
     tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
     derived, _ = checked_splits(card, tokenizer)
     return {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}

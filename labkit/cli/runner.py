@@ -18,12 +18,10 @@ from labkit.core.environment import capture
 from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.progress import ENV as PROGRESS_ENV
 from labkit.core.progress import FILE as PROGRESS_FILE
-from labkit.core.protocol import check_protocol
-from labkit.data.checks import check_card_data
-from labkit.errors import MissingInput, ModelSourceError, RunStateError, StageFailed, StageInterrupted
+from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.report import build_report
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
-from labkit.model.sources import check_source
+from labkit.model.card_check import check_card
 
 # papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
 # start fast
@@ -150,27 +148,6 @@ def _budget_stop(run: R.Run) -> dict[str, Any]:
         return {}
     return {"stopped_by": "budget", "note": f"training stopped by budget.max_minutes after {summary.get('steps')} "
                                             "step(s); a checkpoint was written"}
-
-
-def check_card(loaded: LoadedCard, root: Path) -> dict[str, Any]:
-    """Every check that needs only the card, before a run folder exists (`labkit check`, `run` and `stage`).
-
-    Args:
-        loaded: the loaded card.
-        root: the runs root (the experiment's protocol).
-    Returns:
-        the protocol changes against the experiment's reference run (empty when it follows the protocol).
-    Raises:
-        CardError, ModelSourceError: one line naming the file, line, key and the fix.
-    """
-    check_card_data(loaded)
-    model = loaded.card.model
-    try:
-        check_source(model.source, model.revision)
-    except ModelSourceError as exc:
-        key = "model.revision" if str(exc).startswith("model.revision") else "model.source"
-        raise ModelSourceError(f"{loaded.where(key)}: {exc}") from None
-    return check_protocol(loaded.resolved, root, str(loaded.path))
 
 
 def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | None:

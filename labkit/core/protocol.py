@@ -21,6 +21,7 @@ import yaml
 
 from labkit.card.load import card_diff
 from labkit.card.schema import Card
+from labkit.card.update import updated
 from labkit.core import hub, io
 from labkit.core import runs as R
 from labkit.errors import CardError, DataError, LabkitError, ModelSourceError
@@ -156,14 +157,14 @@ def read_pins(run_dir: Path) -> dict[str, Any] | None:
 
 def pin_card(card: Card, root: Path, experiment: str, run_dir: Path | None = None,
              resolver: Callable[[str, str, type[LabkitError], str], str] = hub.resolve_commit) -> dict[str, Any]:
-    """Put exact hub commits into the card: the run's recorded ones, else the experiment's, else look them up once.
+    """The exact hub commits of a card: the run's recorded ones, else the experiment's, else looked up once.
 
     `revision: resolve` takes the commit an earlier run of the experiment recorded for the same repository; only the
     experiment's first run asks the hub (`resolver`). With `run_dir` the commits are written to its `pins.json`
-    (once), so every later stage, `labkit final` and export use the same commit.
+    (once), so every later stage, `labkit final` and export use the same commit (`pinned` puts them into the card).
 
     Args:
-        card: the card; model.revision and data.source.revision are set to the commits in place.
+        card: the card (left as it is: cards are frozen).
         root: the runs root.
         experiment: the experiment id.
         run_dir: the run folder (None: pin without recording, e.g. `labkit check --data`).
@@ -188,11 +189,20 @@ def pin_card(card: Card, root: Path, experiment: str, run_dir: Path | None = Non
             pins[key] = {"repo": repo, "commit": commit, "resolved": True}
         if run_dir is not None and pins:
             io.write_json(Path(run_dir) / PINS, pins)
-    if "model.revision" in pins:
-        card.model.revision = pins["model.revision"]["commit"]
-    if "data.source.revision" in pins:
-        card.data.source.revision = pins["data.source.revision"]["commit"]  # type: ignore[union-attr]
     return pins
+
+
+def pinned(card: Card, pins: dict[str, Any] | None) -> Card:
+    """The card with the pinned hub commits as its model.revision and data.source.revision.
+
+    Args:
+        card: the card.
+        pins: what `pin_card` or `read_pins` returns (None or {}: the card as it is).
+    Returns:
+        a copy with the commits, or the card itself when there are none.
+    """
+    changes = {key: pin["commit"] for key, pin in (pins or {}).items() if key in ("model.revision", "data.source.revision")}
+    return updated(card, changes) if changes else card
 
 
 def _experiment_pins(root: Path, experiment: str) -> dict[tuple[str, str], str]:

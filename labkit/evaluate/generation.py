@@ -62,7 +62,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
 
     if card.eval.max_new_tokens is None:
         raise ValueError("eval.max_new_tokens is unset: open the run's stage (labkit.stages.context) so stage 01 sizes "
-                         "it from the data (labkit.evaluate.length.resolved_card), or set it in the card")
+                         "it from the data (labkit.core.run_card.resolved_card), or set it in the card")
     device = next(model.parameters()).device
     prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
     answers: list[str] = [""] * len(prompts)

@@ -4,8 +4,8 @@ A card that leaves `eval.max_new_tokens` out gets it from its data, once, in sta
 reference answers' token lengths over the training and validation splits (never the test split), each counted with
 the base tokenizer plus one token for the end of turn, plus a margin of 10 % (at least 8 tokens). The figure and how
 it was reached are written to the run folder (`generation_length.json`); every later stage, `labkit final` and
-`labkit export` read it from there, so the whole run generates with one length. It depends only on the data and the
-tokenizer, which the baseline's cache key already covers.
+`labkit export` read it from there (`labkit.core.run_card.resolved_card`), so the whole run generates with one
+length. It depends only on the data and the tokenizer, which the baseline's cache key already covers.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from typing import Any
 
 from labkit.card.schema import Card
 from labkit.core import io
+from labkit.core.run_card import GENERATION_LENGTH as FILE
+from labkit.core.run_card import recorded_length as recorded
 
-FILE = "generation_length.json"
 PERCENTILE = 95
 MARGIN_SHARE, MARGIN_MIN = 0.10, 8
 
@@ -41,12 +42,6 @@ def size_generation(tokenizer: Any, targets: list[str]) -> dict[str, Any]:
             "longest_tokens": lengths[-1], "references": len(lengths)}
 
 
-def recorded(run_dir: Path | str) -> dict[str, Any] | None:
-    """The generation length a run recorded (None before stage 01 sized it, or when the card sets it)."""
-    path = Path(run_dir) / FILE
-    return io.read_json(path) if path.exists() else None
-
-
 def record(run_dir: Path | str, tokenizer: Any, train: list[dict[str, Any]],
            validation: list[dict[str, Any]]) -> dict[str, Any]:
     """Size the generation length from the run's training and validation references and record it (once).
@@ -63,22 +58,6 @@ def record(run_dir: Path | str, tokenizer: Any, train: list[dict[str, Any]],
         found = size_generation(tokenizer, [r["target"] for r in [*train, *validation]])
         io.write_json(Path(run_dir) / FILE, found)
     return found
-
-
-def resolved_card(card: Card, run_dir: Path | str) -> Card:
-    """The card with `eval.max_new_tokens` filled from the run's record when the card leaves it out.
-
-    Args:
-        card: the validated card.
-        run_dir: its run folder.
-    Returns:
-        the card itself when it sets `eval.max_new_tokens` or the run has not sized it yet, else a copy with the
-        recorded value.
-    """
-    found = recorded(run_dir) if card.eval.max_new_tokens is None else None
-    if found is None:
-        return card
-    return card.model_copy(update={"eval": card.eval.model_copy(update={"max_new_tokens": found["max_new_tokens"]})})
 
 
 def statement(card: Card, run_dir: Path | str) -> str:

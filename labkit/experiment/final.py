@@ -25,7 +25,7 @@ from typing import Any, Iterator
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
-from labkit.core.protocol import pin_card
+from labkit.core.protocol import pin_card, pinned
 from labkit.data.prepare import derive_splits
 from labkit.data.reading import file_sha256
 from labkit.data.sources import split_sha256
@@ -96,8 +96,8 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None, _checked: bool
         raise DataError(f"{run.dir / 'data_manifest.json'}: no split.sha256.test (prepared by an older labkit?); "
                         "the test rows cannot be checked: start a new run")
     if card is None:  # the archived card, with the hub commits the run recorded (revision: resolve)
-        card = load_card(run.card_path).card
-        pin_card(card, run.root, run.experiment, run.dir)
+        archived = load_card(run.card_path).card
+        card = pinned(archived, pin_card(archived, run.root, run.experiment, run.dir))
     note = " (the test split was not opened: nothing is recorded)" if _checked else ""
     try:
         rows = derive_splits(card, tokenizer).splits["test"]

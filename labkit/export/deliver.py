@@ -26,8 +26,8 @@ from typing import Any
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.run_card import resolved_card
 from labkit.errors import ExportCheckFailed, ExportRefused
-from labkit.evaluate.length import resolved_card
 from labkit.export import model_card as modelcard
 from labkit.export.hub_card import describe_base, loadable_base
 from labkit.export.reload_check import load_base_float32, summary

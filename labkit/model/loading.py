@@ -8,6 +8,7 @@ same notebook runs on a laptop, Colab, Kaggle or a rented GPU; dtypes and the at
 from __future__ import annotations
 
 import importlib.util
+import os
 from functools import lru_cache
 from typing import Any
 
@@ -19,8 +20,6 @@ from labkit.model.sources import ResolvedModel
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
 # card checks start fast
-
-_PRINTED: set[str] = set()
 
 
 def pick_device() -> str:
@@ -35,12 +34,27 @@ def profile_of(device: str | None) -> DeviceProfile:
 
 
 def decisions(card: Card, device: str | None = None) -> Decisions:
-    """`labkit.model.placement.decide` for this card on this machine's `device`; its notes are printed once."""
-    made = decide(card, profile_of(device))
+    """`labkit.model.placement.decide` for this card on this machine's `device`.
+
+    Computed once per (card, device type, world size) in a process, and its notes printed then: the loader, the
+    trainer and the memory checks of one stage all get the same decisions back.
+
+    Args:
+        card: the card.
+        device: "cuda", "cuda:0", "cpu", "mps"; None: the best one present.
+    Returns:
+        the decisions.
+    Raises:
+        CardError: a card key that cannot work on this device.
+    """
+    return _decisions(card, (device or pick_device()).split(":")[0], int(os.environ.get("WORLD_SIZE", "1")))
+
+
+@lru_cache(maxsize=16)
+def _decisions(card: Card, device: str, world_size: int) -> Decisions:
+    made = decide(card, profile_of(device), world_size=world_size)
     for note in made.notes:
-        if note not in _PRINTED:
-            _PRINTED.add(note)
-            print(f"note: {note}")
+        print(f"note: {note}")
     return made
 
 

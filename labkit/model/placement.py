@@ -19,7 +19,8 @@ refusal is tested on a CPU with recorded profiles of a T4, a 2×T4 box, an A100,
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from labkit.card.schema import Card
@@ -36,7 +37,8 @@ _PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 @dataclass(frozen=True)
 class Decisions:
-    """What the card trains with on this device (recorded in the run; printed by stage 03)."""
+    """What the card trains with on this device (recorded in the run; printed by stage 03); frozen, since `decide`
+    hands the same decisions to every caller."""
 
     device: str
     weight_dtype: str
@@ -48,10 +50,11 @@ class Decisions:
     packing_tolerance: float | None
     gpus_visible: int
     gpus_used: int
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The decisions as plain data (notes as a list), as recorded in a run."""
+        return {**asdict(self), "notes": list(self.notes)}
 
 
 def attention_kernels() -> dict[str, bool]:
@@ -130,6 +133,9 @@ def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
            kernels: dict[str, bool] | None = None) -> Decisions:
     """Decide dtypes, precision, placement and attention for `card` on the machine `profile` describes.
 
+    Computed once per (card, profile, world size, kernels) in a process: a card is frozen and hashable, so every
+    later call (the loader, the trainer, the memory estimate) gets the same decisions back.
+
     Args:
         card: the card.
         profile: the device profile (captured, or recorded for a test).
@@ -142,6 +148,15 @@ def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
         CardError: a card key that cannot work on this device, in one line naming the key and the fix.
     """
     world_size = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    frozen = replace(profile, uuids=tuple(profile.uuids))  # hashable: the profile is part of the cache key
+    return _decide(card, frozen, world_size, None if kernels is None else tuple(sorted(kernels.items())))
+
+
+@lru_cache(maxsize=64)
+def _decide(card: Card, profile: DeviceProfile, world_size: int,
+            given_kernels: tuple[tuple[str, bool], ...] | None) -> Decisions:
+    """`decide`, cached on its (hashable) arguments."""
+    kernels = dict(given_kernels) if given_kernels is not None else None
     weights = _weights(card, profile)
     precision = _precision(card, profile)
     if card.method.kind == "full" and weights == "float16" and precision == "fp16":
@@ -168,7 +183,7 @@ def decide(card: Card, profile: DeviceProfile, world_size: int | None = None,
     tolerance = max(PACK_TOLERANCE[t] for t in dtypes) if card.train.packing else None
     return Decisions(device=profile.device, weight_dtype=weights, precision=precision, loss_scaler=precision == "fp16",
                      compute_dtype=compute, attention=attention, packing=packing, packing_tolerance=tolerance,
-                     gpus_visible=gpus, gpus_used=used, notes=notes)
+                     gpus_visible=gpus, gpus_used=used, notes=tuple(notes))
 
 
 def one_gpu(args: Any, made: Decisions | dict[str, Any] | None) -> bool:

@@ -15,18 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from labkit.card.load import LoadedCard, load_card
+from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
-from labkit.core.protocol import check_protocol, pin_card
-from labkit.data.checks import check_card_data
+from labkit.core.protocol import pin_card
+from labkit.core.run_card import complete, resolved_card
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
 from labkit.evaluate import length
 from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
-from labkit.model.sources import ResolvedModel, check_source, resolve
+from labkit.model.card_check import check_card
+from labkit.model.sources import ResolvedModel, resolve
 from labkit.preflight.measure import release_promptly
 
 # tqdm, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
@@ -39,7 +41,7 @@ class Stage:
     Attributes:
         name: stage name (baseline, preprocessing, parameter_check, training, comparison).
         loaded: the validated card and its provenance.
-        card: the card.
+        card: the run's resolved card (labkit.core.run_card): hub commits and the generation length put in, frozen.
         run: the run folder.
         out: this stage's data folder.
         device: cuda, mps or cpu.
@@ -48,13 +50,22 @@ class Stage:
     def __init__(self, name: str, loaded: LoadedCard, run: R.Run, interactive: bool) -> None:
         self.name = name
         self.loaded = loaded
-        self.card = length.resolved_card(loaded.card, run.dir)  # eval.max_new_tokens as stage 01 sized it
         self.run = run
         self.out = run.stage_dir(name)
         self.interactive = interactive
         self.device = pick_device()
         self._start = time.monotonic()
-        self.pins = pin_card(self.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
+        self.pins = pin_card(loaded.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
+        self._card: Card | None = None
+
+    @property
+    def card(self) -> Card:
+        """The run's card, resolved once (labkit.core.run_card.resolved_card): the loaded card with the hub commits
+        and the generation length the run recorded. Until stage 01 sizes the generation length (a card that leaves
+        `eval.max_new_tokens` out), `eval.max_new_tokens` is None; the first read after it is recorded resolves it."""
+        if self._card is None or not complete(self._card):
+            self._card = resolved_card(self.loaded.card, self.run.dir)
+        return self._card
 
     def __repr__(self) -> str:
         return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r})"
@@ -95,9 +106,8 @@ class Stage:
             answers = base_model_answers(self.card, self.tokenizer, self.model_source.revision,
                                          self.load_model)
         manifest = prepare(self.card, self.run, self.tokenizer, self.model_source.revision, answers)
-        if self.card.eval.max_new_tokens is None:
+        if self.card.eval.max_new_tokens is None:  # recorded in the run: `card` reads it from now on
             length.record(self.run.dir, self.tokenizer, load_split(self.run, "train"), load_split(self.run, "validation"))
-            self.card = length.resolved_card(self.card, self.run.dir)
         return manifest
 
     def split(self, name: str) -> list[dict[str, Any]]:
@@ -226,9 +236,7 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
         root = R.runs_root(loaded.path.parent)
         run = R.find_interactive_run(loaded, root)
         if run is None:  # the checks `labkit run` makes, before anything is created
-            check_card_data(loaded)
-            check_source(loaded.card.model.source, loaded.card.model.revision)
-            check_protocol(loaded.resolved, root, str(loaded.path))
+            check_card(loaded, root)
             run = R.new_run(loaded, root, mode="interactive")
     if not (run.dir / "env.json").exists():
         io.write_json(run.dir / "env.json", capture())

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO
 
 from labkit.card.schema import Card
+from labkit.card.update import updated
 from labkit.data import sources as D
 from labkit.data.checks import run_checks
 from labkit.evaluate.generation import generate_answers
@@ -102,8 +103,7 @@ def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> N
 
     config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=600)
     assert architecture(config) == {"model_type": "gpt2", "block": None, "modelled": False, "note": architecture(config)["note"]}
-    card = card_for("llama3")
-    card.method.target_modules = ["c_attn"]
+    card = updated(card_for("llama3"), {"method.target_modules": ["c_attn"]})
     est = estimate_step(config, card, 64)
     assert not est["modelled"] and "does not model the gpt2 architecture" in est["note"]
     measured = {"memory": {"delta_bytes": 2**20, "method": "rss"}, "weights_bytes": 2**20, "peak_bytes": 2**21,

@@ -10,6 +10,7 @@ import yaml
 from conftest import REPO, labkit
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.core import runs as R
 from labkit.core.io import read_json
 from labkit.data.prepare import load_split, prepare
@@ -60,8 +61,7 @@ def test_rejected_answers_are_the_base_models_cached_and_reused(tmp_path: Path, 
     assert load_split(run2, "train") == train and manifest2["data_version"] == manifest["data_version"]
 
     # another prompt format is another key: generated anew
-    other = card.model_copy(deep=True)
-    other.data.prompt.system = "Answer briefly."
+    other = updated(card, {"data.prompt.system": "Answer briefly."})
     run3 = R.new_run(loaded, tmp_path / "runs")
     manifest3 = prepare(other, run3, tokenizer, tiny_model.revision,
                         base_model_answers(other, tokenizer, tiny_model.revision, load, cache))

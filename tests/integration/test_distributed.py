@@ -11,6 +11,7 @@ import yaml
 from conftest import REPO, labkit
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.errors import CardError
 from labkit.train.distributed import accelerate_config
 
@@ -51,8 +52,7 @@ def test_ddp_two_cpu_processes_match_one_process(ddp_run: Path, smoke_run) -> No
 
 def test_fsdp_config_and_card_rules(tmp_path: Path) -> None:
     loaded = load_card(REPO / "params" / "examples" / "ticket-ddp.yaml")
-    card = loaded.card.model_copy(deep=True)
-    card.distributed.strategy = "fsdp"
+    card = updated(loaded.card, {"distributed.strategy": "fsdp"})
     fsdp = yaml.safe_load(accelerate_config(card, "cuda"))
     assert fsdp["distributed_type"] == "FSDP" and fsdp["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
     with pytest.raises(ValueError, match=r"strategy: fsdp needs CUDA GPUs .*use strategy: ddp"):

@@ -17,6 +17,7 @@ from conftest import REPO
 from transformers import TrainerCallback
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.card.schema import EarlyStopping
 from labkit.data import sources as D
 from labkit.data.prompting import prompt_ids
@@ -34,13 +35,11 @@ MAX_STEPS = 24
 def _card(metric: str = "rougeL", patience: int = 2, **train: object):
     """The smoke card, evaluated every 2 steps, with early stopping on `metric` (rougeL: a random tiny model
     scores above 0 on it now and then, so the values are not all the same)."""
-    card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
-    card.train.lr, card.train.max_steps, card.train.eval_steps = 2e-2, MAX_STEPS, 2
-    card.train.save_total_limit = 20  # keep every checkpoint, so each logged value can be re-measured
-    card.train.early_stopping = EarlyStopping(metric=metric, patience=patience)
-    for key, value in train.items():
-        setattr(card.train, key, value)
-    return card
+    return updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "train.lr": 2e-2, "train.max_steps": MAX_STEPS, "train.eval_steps": 2,
+        "train.save_total_limit": 20,  # keep every checkpoint, so each logged value can be re-measured
+        "train.early_stopping": EarlyStopping(metric=metric, patience=patience),
+        **{f"train.{key}": value for key, value in train.items()}})
 
 
 def _rows(card) -> tuple[list[dict], list[dict]]:
@@ -117,8 +116,7 @@ def test_stops_on_the_generation_metric_and_keeps_the_best_checkpoint(stopped, t
 
 def test_sharded_generation_forms_the_single_process_batches(stopped, tiny_model) -> None:
     trainer, _ = stopped
-    card = _card()
-    card.eval.batch_size = 3
+    card = updated(_card(), {"eval.batch_size": 3})
     tokenizer = load_tokenizer(tiny_model, card)
     train_rows, eval_rows = _rows(card)
     rows = eval_rows + train_rows[:5]  # 13 rows: batches of 3, the last one short
@@ -139,8 +137,7 @@ def test_examples_scores_the_first_validation_rows(stopped, tiny_model) -> None:
     from labkit.train.early_stopping import GenerationMetric
 
     trainer, _ = stopped
-    card = _card()
-    card.train.early_stopping.examples = 5
+    card = updated(_card(), {"train.early_stopping.examples": 5})
     tokenizer = load_tokenizer(tiny_model, card)
     _, eval_rows = _rows(card)
     callback = GenerationMetric(card, tokenizer, eval_rows)
@@ -219,11 +216,9 @@ def test_generation_leaves_training_undisturbed(tiny_model, tmp_path: Path) -> N
 
     # LoRA dropout draws random numbers at every training step: a disturbed RNG state, or a model left in eval
     # mode, would change the training losses against the same run with early stopping on eval_loss
-    card = _card(patience=100, max_steps=8)
-    card.method.dropout = 0.1
+    card = updated(_card(patience=100, max_steps=8), {"method.dropout": 0.1})
     with_metric = _train(card, tiny_model, tmp_path / "metric")
-    card = _card("eval_loss", patience=100, max_steps=8)
-    card.method.dropout = 0.1
+    card = updated(_card("eval_loss", patience=100, max_steps=8), {"method.dropout": 0.1})
     without = _train(card, tiny_model, tmp_path / "loss")
     losses = [(r["step"], r["loss"]) for r in with_metric.state.log_history if "loss" in r]
     assert len(losses) == 8 and losses == [(r["step"], r["loss"]) for r in without.state.log_history if "loss" in r]
@@ -282,9 +277,9 @@ def test_ddp_ranks_agree_on_the_metric_and_the_stop(tmp_path: Path, tiny_model) 
     """2 CPU processes (gloo) through accelerate launch, each writing what it saw."""
     from labkit.train.distributed import accelerate_config
 
-    card = _card(patience=1, micro_batch=2)  # 2 processes × 2 rows: the smoke card's batch of 4
-    card.eval.batch_size = 3  # 8 rows in batches of 3, 3, 2: rank 0 answers the first and the last, rank 1 the middle
-    card.distributed.launcher, card.distributed.strategy, card.distributed.num_processes = "accelerate", "ddp", 2
+    card = updated(_card(patience=1, micro_batch=2), {  # 2 processes × 2 rows: the smoke card's batch of 4
+        "eval.batch_size": 3,  # 8 rows in batches of 3, 3, 2: rank 0 answers the first and the last, rank 1 the middle
+        "distributed.launcher": "accelerate", "distributed.strategy": "ddp", "distributed.num_processes": 2})
     config = tmp_path / "accelerate.yaml"
     config.write_text(accelerate_config(card, "cpu"))
     (tmp_path / "card.json").write_text(card.model_dump_json())

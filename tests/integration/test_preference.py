@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 from labkit.card.load import load_card
 from labkit.card.schema import Full, Qlora
+from labkit.card.update import updated
 from labkit.data import sources as D
 from labkit.data.pairs import encode_pairs, loss_positions
 from labkit.data.prepare import derive_splits
@@ -33,9 +34,7 @@ from labkit.train.trainer import build_trainer
 
 
 def _card(kind: str = "dpo"):
-    card = load_card(REPO / "params" / "smoke-dpo.yaml").card.model_copy(deep=True)
-    card.train.trainer = kind
-    return card
+    return updated(load_card(REPO / "params" / "smoke-dpo.yaml").card, {"train.trainer": kind})
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +259,7 @@ def test_two_visible_gpus_without_a_launcher_pin_the_preference_trainer_to_one(k
 
 
 def test_qlora_dpo_on_cpu_keeps_4bit_weights_bit_for_bit(tiny_model, splits, tmp_path: Path) -> None:
-    card = _card("dpo")
-    card.method = Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)
+    card = updated(_card("dpo"), {"method": Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)})
     trainer, _ = _trainer(card, tiny_model, splits["train"][:8], tmp_path)
     # TRL's DPOTrainer casts the adapter of a quantised model to bfloat16 (QLoRA paper); labkit leaves it so
     assert {p.dtype for p in trainer.model.parameters() if p.requires_grad} == {torch.bfloat16}
@@ -290,8 +288,7 @@ def test_dpo_reference_is_the_base_model_with_the_adapter_off(tiny_model, splits
 
 
 def test_full_fine_tuning_dpo_keeps_a_frozen_copy_as_reference(tiny_model, splits, tmp_path: Path) -> None:
-    card = _card("dpo")
-    card.method = Full(kind="full")
+    card = updated(_card("dpo"), {"method": Full(kind="full")})
     trainer, _ = _trainer(card, tiny_model, splits["train"][:8], tmp_path)
     reference = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
     result = update_check(trainer, card, steps=2)
@@ -321,8 +318,7 @@ def test_dpo_activation_checkpointing_same_loss_and_gradients_less_memory(tiny_m
 
 
 def test_dpo_resumes_from_a_checkpoint_with_the_same_curve(tiny_model, splits, tmp_path: Path) -> None:
-    card = _card("dpo")
-    card.train.max_steps, card.train.save_steps, card.train.micro_batch = 4, 2, 2
+    card = updated(_card("dpo"), {"train.max_steps": 4, "train.save_steps": 2, "train.micro_batch": 2})
     rows = splits["train"][:8]
 
     def curve(trainer):

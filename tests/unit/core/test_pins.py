@@ -11,13 +11,13 @@ import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
-from labkit.cli.runner import check_card
 from labkit.core import hub
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.io import write_json
-from labkit.core.protocol import check_protocol, pin_card, read_pins, run_protocol
+from labkit.core.protocol import check_protocol, pin_card, pinned, read_pins, run_protocol
 from labkit.errors import CardError, ModelSourceError
+from labkit.model.card_check import check_card
 from labkit.model.sources import check_source, resolve
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
@@ -83,7 +83,8 @@ def test_resolve_is_looked_up_once_recorded_and_protocol_fixed(tmp_path: Path) -
     run = R.new_run(first, root)
     pins = pin_card(first.card, root, "pinned", run.dir, resolver)
     assert pins == {"model.revision": {"repo": "acme/tiny-model", "commit": COMMIT_A, "resolved": True}}
-    assert first.card.model.revision == COMMIT_A and asked == [("model", "acme/tiny-model")]
+    assert pinned(first.card, pins).model.revision == COMMIT_A and asked == [("model", "acme/tiny-model")]
+    assert first.card.model.revision == "resolve"  # the loaded card is frozen: the commit is in the pinned copy
     assert read_pins(run.dir) == pins and run_protocol(run.dir)["pins"] == pins
     assert yaml.safe_load(run.card_path.read_text())["model"]["revision"] == "resolve"  # the card as written
     pin_card(load_card(_card(tmp_path)).card, root, "pinned", run.dir, resolver)  # a later stage of the same run
@@ -94,8 +95,8 @@ def test_resolve_is_looked_up_once_recorded_and_protocol_fixed(tmp_path: Path) -
     later = load_card(_card(tmp_path, variant="v2", lr=1e-4))
     assert check_protocol(later.resolved, root, str(later.path)) == {}
     run2 = R.new_run(later, root)
-    pin_card(later.card, root, "pinned", run2.dir, resolver)
-    assert later.card.model.revision == COMMIT_A and len(asked) == 1
+    later_pins = pin_card(later.card, root, "pinned", run2.dir, resolver)
+    assert pinned(later.card, later_pins).model.revision == COMMIT_A and len(asked) == 1
 
     # naming the same commit is fine; another commit of the same repository changes the protocol
     same = load_card(_card(tmp_path, variant="v3", revision=COMMIT_A))

@@ -6,6 +6,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.data.prompting import IGNORE, check_encoded, encode_example, prompt_ids
 from labkit.show.tokens import render_page
 
@@ -54,8 +55,7 @@ def test_mismatched_generation_prompt_is_caught(tok, card) -> None:
 
 
 def test_checks_fail_when_nothing_carries_loss(tok, card) -> None:
-    card = card.model_copy(deep=True)
-    card.data.max_length = 20
+    card = updated(card, {"data.max_length": 20})
     enc = encode_example(tok, card, "a very long ticket " * 20, ANSWER)
     checks = {c["check"]: c for c in check_encoded(tok, [{"id": "long"}], [enc])}
     assert not checks["every example has loss positions"]["ok"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.data import sources as D
 from labkit.data.prompting import prompt_ids
 from labkit.evaluate.generation import generate_answers, stop_ids
@@ -14,8 +15,7 @@ from labkit.model.loading import load_model, load_tokenizer
 def test_a_second_stop_token_in_the_generation_config_ends_the_answer(tiny_model) -> None:
     import torch
 
-    card = load_card(REPO / "params" / "smoke.yaml").card
-    card.eval.batch_size, card.eval.max_new_tokens = 1, 8
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"eval.batch_size": 1, "eval.max_new_tokens": 8})
     tokenizer, model = load_tokenizer(tiny_model, card), load_model(tiny_model, card, "cpu")
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:1]
     with torch.no_grad():  # the random tiny model's first greedy token (not its EOS)

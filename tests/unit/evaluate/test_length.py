@@ -7,6 +7,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.core.run_card import resolved_card
 from labkit.evaluate import length
 from labkit.evaluate.generation import generate_answers
 from labkit.model.loading import load_tokenizer
@@ -18,17 +19,17 @@ def test_sized_recorded_once_and_read_back(tiny_model, tmp_path) -> None:
     tokenizer = load_tokenizer(tiny_model, card)
     train = [{"target": "Anna wants a table on Friday. Ben books it for 7 pm."}] * 19
     validation = [{"target": " ".join(["word"] * 60)}]
-    assert length.resolved_card(card, tmp_path) is card  # nothing recorded yet
+    assert resolved_card(card, tmp_path) is card  # nothing recorded yet
     found = length.record(tmp_path, tokenizer, train, validation)
     expected = length.size_generation(tokenizer, [r["target"] for r in train + validation])
     assert found == expected and (tmp_path / length.FILE).exists()
     assert found["references"] == 20 and found["p95_tokens"] < found["longest_tokens"]  # the one long answer is the 5 %
     assert length.record(tmp_path, tokenizer, train[:1], []) == found  # recorded once: a second call reads it back
-    sized = length.resolved_card(card, tmp_path)
+    sized = resolved_card(card, tmp_path)
     assert sized.eval.max_new_tokens == found["max_new_tokens"] and card.eval.max_new_tokens is None
     assert f"**{found['max_new_tokens']}**" in length.statement(card, tmp_path)
     fixed = load_card(REPO / "params" / "quickstart.yaml").card
-    assert length.resolved_card(fixed, tmp_path).eval.max_new_tokens == 40  # the card's value wins
+    assert resolved_card(fixed, tmp_path).eval.max_new_tokens == 40  # the card's value wins
     assert "set by the card" in length.statement(fixed, tmp_path)
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from labkit.card.load import load_card
 from labkit.card.schema import Card
+from labkit.card.update import updated
 from labkit.stages.parameter_check import packed_lengths, row_lengths, time_plan
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,8 +49,7 @@ def test_packed_rows_are_what_the_trainer_batches() -> None:
 
 
 def test_validation_passes_cost_the_timed_evaluation_per_padded_token() -> None:
-    card = _card(max_steps=8, micro_batch=4, grad_accum=1, eval_steps=4)
-    card.eval.batch_size = 4
+    card = updated(_card(max_steps=8, micro_batch=4, grad_accum=1, eval_steps=4), {"eval.batch_size": 4})
     # stage 03 timed one evaluation of 4 rows × 100 tokens in 0.8 s: 0.002 s per padded token
     timed = [{**m, "eval_seconds": 0.8, "eval_tokens": 400} for m in MEASURED]
     plan = time_plan(card, [100] * 36, [100, 100, 100, 200, 50, 50], timed)

@@ -7,6 +7,7 @@ import torch
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.errors import MethodError
 from labkit.model.loading import load_model
 from labkit.model.method import apply_method, matched_modules, parameter_table
@@ -14,7 +15,7 @@ from labkit.model.method import apply_method, matched_modules, parameter_table
 
 @pytest.fixture
 def card():
-    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    return load_card(REPO / "params" / "smoke.yaml").card
 
 
 def test_lora_all_linear_and_seeded_init(card, tiny_model) -> None:
@@ -31,7 +32,7 @@ def test_lora_all_linear_and_seeded_init(card, tiny_model) -> None:
 
 
 def test_target_modules_that_match_nothing(card, tiny_model) -> None:
-    card.method.target_modules = ["qkv_proj"]
+    card = updated(card, {"method.target_modules": ["qkv_proj"]})
     with pytest.raises(MethodError, match=r"method.target_modules .*q_proj"):
         apply_method(load_model(tiny_model, card, "cpu"), card)
 
@@ -39,13 +40,13 @@ def test_target_modules_that_match_nothing(card, tiny_model) -> None:
 def test_full_method_trains_everything(card, tiny_model) -> None:
     from labkit.card.schema import Full
 
-    card.method = Full(kind="full")
+    card = updated(card, {"method": Full(kind="full")})
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     assert all(p.requires_grad for p in model.parameters())
 
 
 def test_target_modules_regex(card, tiny_model) -> None:
-    card.method.target_modules = r".*\.(q|v)_proj"
+    card = updated(card, {"method.target_modules": r".*\.(q|v)_proj"})
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     adapted = {r["module"]: r["adapted"] for r in matched_modules(model)}
     assert adapted["self_attn.q_proj"] == adapted["self_attn.v_proj"] == 2

@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.core.device import DeviceProfile, cpu_profile, load_profile
 from labkit.errors import CardError
 from labkit.model.placement import PACK_TOLERANCE, decide, one_gpu
@@ -88,8 +89,7 @@ def test_emulated_bf16_is_refused_on_a_t4(keys, where, fix) -> None:
 
 
 def test_bf16_4bit_compute_is_refused_on_a_t4() -> None:
-    c = card("qlora")
-    c.method.quantisation.compute_dtype = "bfloat16"
+    c = updated(card("qlora"), {"method.quantisation.compute_dtype": "bfloat16"})
     with pytest.raises(CardError, match="^method.quantisation.compute_dtype: bfloat16 is emulated.*use auto "
                        "\\(float16 here\\) or float16$"):
         decide(c, profile("t4"), world_size=1, kernels=NONE)
@@ -105,9 +105,9 @@ def test_mixed_precision_on_the_cpu_is_refused() -> None:
 def test_two_gpus_without_a_launcher_train_on_one_with_a_note() -> None:
     made = decide(card("lora"), profile("2xt4"), world_size=1, kernels=NONE)
     assert (made.gpus_visible, made.gpus_used) == (2, 1)
-    assert made.notes == ["2 GPUs visible (2 × Tesla T4 (cuda, sm_75, 14.74 GiB each)), training on cuda:0 only; to "
-                          "use all 2, set distributed: {launcher: accelerate, strategy: ddp, num_processes: 2}"]
-    assert decide(card("lora"), profile("t4"), world_size=1, kernels=NONE).notes == []
+    assert made.notes == ("2 GPUs visible (2 × Tesla T4 (cuda, sm_75, 14.74 GiB each)), training on cuda:0 only; to "
+                          "use all 2, set distributed: {launcher: accelerate, strategy: ddp, num_processes: 2}",)
+    assert decide(card("lora"), profile("t4"), world_size=1, kernels=NONE).notes == ()
 
 
 def test_trainer_arguments_drive_one_gpu_when_two_are_visible_without_a_launcher(tmp_path: Path) -> None:
@@ -131,10 +131,10 @@ def test_trainer_arguments_drive_one_gpu_when_two_are_visible_without_a_launcher
 def test_ddp_over_both_gpus_when_the_card_asks() -> None:
     made = decide(card("lora", distributed__launcher="accelerate", distributed__strategy="ddp",
                        distributed__num_processes=2), profile("2xt4"), world_size=1, kernels=NONE)
-    assert made.gpus_used == 2 and made.notes == []
+    assert made.gpus_used == 2 and made.notes == ()
     launched = decide(card("lora", distributed__launcher="accelerate", distributed__strategy="ddp",
                            distributed__num_processes=2), profile("2xt4"), world_size=2, kernels=NONE)
-    assert launched.gpus_used == 1 and launched.notes == []  # each launched process drives one GPU
+    assert launched.gpus_used == 1 and launched.notes == ()  # each launched process drives one GPU
     with pytest.raises(CardError, match=r"^distributed.num_processes: 4 but this machine has 2 GPU\(s\) \(2 × Tesla T4 "
                        r".*\); set num_processes: 2$"):
         decide(card("lora", distributed__launcher="accelerate", distributed__strategy="ddp",
@@ -188,6 +188,6 @@ def test_baseline_numerics_differ_across_device_dtype_and_quantisation() -> None
     assert t4["quantisation"] == {"type": "nf4", "double_quant": True, "compute_dtype": "float16"}
     assert a100["quantisation"]["compute_dtype"] == "bfloat16" and len({str(cpu), str(t4), str(a100)}) == 3
     assert baseline_quantize(qlora)  # the baseline is the numeric model that is trained
-    qlora.method.quantisation.unquantised_baseline = True
+    qlora = updated(qlora, {"method.quantisation.unquantised_baseline": True})
     assert not baseline_quantize(qlora) and baseline_numerics(qlora, profile("t4"))["quantisation"] is None
     assert baseline_numerics(card("lora"), profile("t4"))["quantisation"] is None

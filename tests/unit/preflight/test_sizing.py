@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.core.device import cpu_profile, load_profile
 from labkit.errors import ModelSourceError
 from labkit.preflight.memory import GIB, estimate_step
@@ -42,20 +43,20 @@ def test_margins_on_a_gpu_and_none_on_the_cpu(eight_b) -> None:
     on_machine = overheads(card, est, T4, free_is_total=False)  # read on the machine: the context already exists
     assert on_machine == {"allocator fragmentation": FRAGMENTATION * est["step_bytes"]}
     assert overheads(card, est, T4, True)["CUDA context and kernels"] == CUDA_CONTEXT_GIB * GIB
-    card.distributed.launcher, card.distributed.strategy, card.distributed.num_processes = "accelerate", "ddp", 2
+    card = updated(card, {"distributed.launcher": "accelerate", "distributed.strategy": "ddp", "distributed.num_processes": 2})
     ddp = overheads(card, est, T4, False)
     assert ddp["DDP gradient buckets"] == est["breakdown"]["gradients"] > 0 and ddp["NCCL buffers"] == NCCL_GIB * GIB
 
 
 def test_paged_optimiser_states_may_page_out(eight_b) -> None:
     card, config = eight_b
-    card.train.optimizer = "paged_adamw_32bit"
+    card = updated(card, {"train.optimizer": "paged_adamw_32bit"})
     full = fit_verdict(config, card, 256, 1e15, T4, free_is_total=True)
     assert full["fits"] and full["paged_bytes"] == estimate_step(config, card, 256, device=T4)["breakdown"][
         "optimiser states"] > 0
     squeezed = fit_verdict(config, card, 256, full["needed_bytes"] - full["paged_bytes"] / 2, T4, free_is_total=True)
     assert squeezed["fits"] and "paged optimiser states paging out to host memory" in squeezed["message"]
-    card.train.optimizer = "adamw"
+    card = updated(card, {"train.optimizer": "adamw"})
     assert fit_verdict(config, card, 256, 1e15, T4)["paged_bytes"] == 0
 
 
@@ -65,14 +66,14 @@ def test_largest_micro_batch_is_the_boundary(eight_b) -> None:
     mb = largest_micro_batch(config, card, 384, free, T4, checkpointing=True, free_is_total=True)
     assert mb > 1
     for size, fits in ((mb, True), (mb + 1, False)):
-        card.train.micro_batch = size
+        card = updated(card, {"train.micro_batch": size})
         assert fit_verdict(config, card, 384, free, T4, free_is_total=True)["fits"] == fits
     assert largest_micro_batch(config, card, 384, 2 * GIB, T4, True, True) == 0  # the 4-bit weights alone are more
 
 
 def test_a_hub_model_without_a_config_offline_is_one_line(tmp_path) -> None:
-    card = load_card(EXAMPLE).card
-    card.model.source = "hf:someone/never-downloaded@0123456789abcdef0123456789abcdef01234567"
+    card = updated(load_card(EXAMPLE).card, {
+        "model.source": "hf:someone/never-downloaded@0123456789abcdef0123456789abcdef01234567"})
     with pytest.raises(ModelSourceError, match=r"^hf:someone/never-downloaded@0123456789abcdef0123456789abcdef01234567: no config offline; save the "
                        r"model's config.json as .*configs/someone--never-downloaded.json or pass --config PATH$"):
         estimate_config(card, tmp_path / "card.yaml")
@@ -103,13 +104,12 @@ def test_kbit_upcast_key_and_its_memory(eight_b, tiny_model) -> None:
     both = {k: v for k, v in est["alternatives"].items() if "upcast" in k}
     saved = both["weights (frozen), method.quantisation.upcast: all"] - both["weights (frozen), method.quantisation.upcast: norms"]
     assert 1.9 * GIB < saved < 2.0 * GIB  # embeddings + LM head of Llama 3 8B: 2 × 128256 × 4096 × 2 bytes
-    card.method.quantisation.upcast = "norms"
+    card = updated(card, {"method.quantisation.upcast": "norms"})
     assert estimate_step(config, card, 256, device=T4)["breakdown"]["weights (frozen)"] == both[
         "weights (frozen), method.quantisation.upcast: norms"]
     # on a real (tiny) 4-bit model: norms only in float32, the embeddings stay in the loaded dtype
-    tiny = load_card(REPO / "params" / "smoke.yaml").card
-    tiny.method = type(card.method).model_validate({**card.method.model_dump(), "r": 4})
-    tiny.model.dtype = "bfloat16"
+    tiny = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "method": type(card.method).model_validate({**card.method.model_dump(), "r": 4}), "model.dtype": "bfloat16"})
     dtypes = {n: p.dtype for n, p in apply_method(load_model(tiny_model, tiny, "cpu"), tiny).named_parameters()}
     assert dtypes["base_model.model.model.embed_tokens.weight"] == torch.bfloat16
     assert dtypes["base_model.model.model.norm.weight"] == torch.float32

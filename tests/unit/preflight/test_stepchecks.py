@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.card.schema import Full, Lora, Qlora
 from labkit.data import sources as D
 from labkit.model.loading import load_model, load_tokenizer
@@ -25,7 +26,7 @@ from labkit.train.trainer import build_trainer
 
 @pytest.fixture
 def card():
-    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    return load_card(REPO / "params" / "smoke.yaml").card
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +58,15 @@ def test_lora_first_step_moves_b_only_and_second_step_moves_all(card, tiny_model
 
 
 def test_full_fine_tuning_changes_every_tensor(card, tiny_model, rows) -> None:
-    card.method = Full(kind="full")
+    card = updated(card, {"method": Full(kind="full")})
     result = _check(card, tiny_model, rows)
     assert result["ok"], result["problems"]
     assert result["changed"] == result["expected"] == len(result["tensors"])
 
 
 def test_lora_with_modules_to_save(card, tiny_model, rows) -> None:
-    card.method = Lora(kind="lora", r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"],
-                       modules_to_save=["lm_head"])
+    card = updated(card, {"method": Lora(kind="lora", r=4, alpha=8, dropout=0.0, target_modules=["q_proj", "v_proj"],
+                                         modules_to_save=["lm_head"])})
     result = _check(card, tiny_model, rows)
     assert result["ok"], result["problems"]
     saved = [t for t in result["tensors"] if ".modules_to_save." in t["name"]]
@@ -75,7 +76,7 @@ def test_lora_with_modules_to_save(card, tiny_model, rows) -> None:
 
 
 def test_qlora_on_cpu_keeps_4bit_weights_bit_for_bit(card, tiny_model, rows) -> None:
-    card.method = Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)
+    card = updated(card, {"method": Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)})
     result = _check(card, tiny_model, rows)
     assert result["ok"], result["problems"]
     quantised = [t for t in result["tensors"] if t["dtype"] == "uint8"]
@@ -114,7 +115,7 @@ def test_accumulation_matches_the_whole_batch(card, tiny_model, rows) -> None:
 
 
 def test_accumulation_fails_on_micro_batch_mean_normalisation(card, tiny_model, rows) -> None:
-    card.train.loss_normalisation = "micro_batch_mean"
+    card = updated(card, {"train.loss_normalisation": "micro_batch_mean"})
     tokenizer = load_tokenizer(tiny_model, card)
     result = accumulation_check(card, _factory(card, tiny_model), tokenizer, rows, micro_batch=2, accum=3)
     assert not result["ok"]
@@ -123,7 +124,7 @@ def test_accumulation_fails_on_micro_batch_mean_normalisation(card, tiny_model, 
 
 def test_checkpointing_same_gradients_less_memory(card, tiny_model, rows) -> None:
     tokenizer = load_tokenizer(tiny_model, card)
-    card.data.max_length = 1024
+    card = updated(card, {"data.max_length": 1024})
     config = _factory(card, tiny_model)().config
     result = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=768, config=config)
     assert result["ok"], result["problems"]

@@ -11,6 +11,7 @@ import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.core.device import load_profile
 from labkit.errors import CardError
 from labkit.train.distributed import accelerate_config
@@ -23,7 +24,7 @@ BASE = {"compute_environment": "LOCAL_MACHINE", "debug": False, "num_processes":
 
 
 def card(**distributed):
-    c = load_card(REPO / "params" / "examples" / "ticket-ddp.yaml").card.model_copy(deep=True)
+    c = load_card(REPO / "params" / "examples" / "ticket-ddp.yaml").card
     data = c.model_dump()
     data["distributed"].update(distributed)
     return type(c).model_validate(data)
@@ -62,8 +63,7 @@ def test_refusals() -> None:
 
 
 def test_precision_auto_follows_the_device_profile() -> None:
-    c = card()
-    c.train.precision = "auto"
+    c = updated(card(), {"train.precision": "auto"})
     t4 = yaml.safe_load(accelerate_config(c, "cuda", load_profile(PROFILES / "2xt4.json")))
     two_h100 = replace(load_profile(PROFILES / "h100.json"), count=2)
     h100 = yaml.safe_load(accelerate_config(c, "cuda", two_h100))

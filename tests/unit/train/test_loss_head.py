@@ -10,6 +10,7 @@ from conftest import REPO
 from trl import SFTTrainer
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.data import sources as D
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
@@ -19,8 +20,7 @@ from labkit.train.trainer import build_trainer
 
 
 def _trainer(tmp_path: Path, tiny_model, packing: bool):
-    card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
-    card.train.packing = packing
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"train.packing": packing})
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:12]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     return build_trainer(card, model, load_tokenizer(tiny_model, card), rows, tmp_path, device="cpu")

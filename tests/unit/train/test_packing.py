@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.data import sources as D
 from labkit.data.prompting import encode_rows
 from labkit.model.loading import load_model, load_tokenizer
@@ -19,7 +20,7 @@ from labkit.train.trainer import build_trainer
 
 @pytest.fixture
 def card():
-    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    return load_card(REPO / "params" / "smoke.yaml").card
 
 
 def _examples(card, tiny_model, n: int = 6) -> list[dict]:
@@ -82,7 +83,7 @@ def test_packing_tolerance_follows_the_dtype(card, tiny_model) -> None:
 def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
     from labkit.preflight.measure import measure_step
 
-    card.train.packing = True  # stage 03 measures with fixed-length rows that carry no position ids
+    card = updated(card, {"train.packing": True})  # stage 03 measures with fixed-length rows that carry no position ids
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()),
@@ -95,7 +96,7 @@ def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
 
 
 def test_training_packed_through_the_trainer(card, tiny_model) -> None:
-    card.train.packing = True
+    card = updated(card, {"train.packing": True})
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:16]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows, Path(tempfile.mkdtemp()), device="cpu",

@@ -7,6 +7,7 @@ from pathlib import Path
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.update import updated
 from labkit.card.schema import EarlyStopping
 from labkit.data import sources as D
 from labkit.model.loading import load_model, load_tokenizer
@@ -15,10 +16,9 @@ from labkit.train.trainer import build_trainer
 
 
 def test_early_stopping_on_validation_loss(tmp_path: Path, tiny_model) -> None:
-    card = load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
-    card.train.lr = 0.5  # large: after a few steps the validation loss improves by less than min_delta
-    card.train.max_steps, card.train.eval_steps = 16, 1
-    card.train.early_stopping = EarlyStopping(patience=2, min_delta=0.02)
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "train.lr": 0.5,  # large: after a few steps the validation loss improves by less than min_delta
+        "train.max_steps": 16, "train.eval_steps": 1, "train.early_stopping": EarlyStopping(patience=2, min_delta=0.02)})
     rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:32], tmp_path, eval_rows=rows[32:40],
