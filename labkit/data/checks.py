@@ -17,6 +17,7 @@ from typing import Any
 
 from labkit.card.load import LoadedCard
 from labkit.card.schema import Card
+from labkit.card.sections import Data
 from labkit.core import hub
 from labkit.data.pairs import check_pairs, encode_pairs
 from labkit.data.prompting import Encoded, check_encoded, encode_rows
@@ -58,9 +59,9 @@ def check_card_data(loaded: LoadedCard) -> None:
                         "labels, or remove the key to use the labels seen in the training split")
 
 
-def _problem(card: Card, row: dict[str, Any], labels: set[str] | None) -> str | None:
+def _problem(data: Data, row: dict[str, Any], labels: set[str] | None) -> str | None:
     """What is wrong with one row's reference under the card's target format (None when it is fine)."""
-    spec, fields = card.data.target_format, card.data.fields
+    spec, fields = data.target_format, data.fields
     target = row["target"]
     if spec.kind == "label":
         if labels is not None and target.strip() not in labels:
@@ -90,11 +91,11 @@ def _problem(card: Card, row: dict[str, Any], labels: set[str] | None) -> str | 
     return None
 
 
-def check_references(card: Card, splits: dict[str, list[dict[str, Any]]], where: dict[str, str]) -> dict[str, int]:
+def check_references(data: Data, splits: dict[str, list[dict[str, Any]]], where: dict[str, str]) -> dict[str, int]:
     """Check every reference answer of every split against `data.target_format`.
 
     Args:
-        card: the card (data.target_format, data.fields).
+        data: the card's data section (target_format, fields).
         splits: {"train", "validation", "test"} -> rows.
         where: row id -> `file:line` (or `source row N`) it was read from.
     Returns:
@@ -102,13 +103,13 @@ def check_references(card: Card, splits: dict[str, list[dict[str, Any]]], where:
     Raises:
         DataError: one line naming the file, line, row id, split and the fix (never the test row's content).
     """
-    spec = card.data.target_format
+    spec = data.target_format
     labels: set[str] | None = None
     if spec.kind == "label":
         labels = set(spec.labels) if spec.labels is not None else {r["target"].strip() for r in splits.get("train", [])}
     for name, rows in splits.items():
         for row in rows:
-            problem = _problem(card, row, labels)
+            problem = _problem(data, row, labels)
             if problem:
                 origin = where.get(row["id"], "data.source")
                 raise DataError(f"{origin}: row id {row['id']!r} ({name} split): {problem}")

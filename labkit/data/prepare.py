@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import labkit
 from labkit.card.schema import Card
+from labkit.card.sections import Leakage
 from labkit.core import io
 from labkit.core.io import read_json, write_atomic, write_json
 from labkit.core.runs import Run
@@ -41,8 +42,8 @@ def _tokenizer_identity(tokenizer: Any, revision: str) -> dict[str, Any]:
             "chat_template_sha256": D.sha256_text(template)}
 
 
-def _apply_leakage(card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
-    spec = card.data.leakage
+def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
+    """Find duplicate pairs within and across the splits and apply `data.leakage` (`spec`) to them, in place."""
     pairs = leakage.find_duplicates({name: [(r["id"], r["input"]) for r in rows] for name, rows in splits.items()},
                                     threshold=spec.near_duplicate_threshold)
     cross = [p for p in pairs if p["a_split"] != p["b_split"]]
@@ -132,8 +133,8 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
 
     rows, cleaning = D.apply_cleaning(card, rows, token_length)
     splits = D.split_rows(card, rows)
-    references = check_references(card, splits, where)  # every split, before anything is evaluated
-    leak_report, _ = _apply_leakage(card, splits)
+    references = check_references(card.data, splits, where)  # every split, before anything is evaluated
+    leak_report, _ = _apply_leakage(card.data.leakage, splits)
     planted = identity.pop("planted", None)
     return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
                          leakage=leak_report, references=references)

@@ -10,26 +10,32 @@ from dataclasses import dataclass
 from typing import Any
 
 from labkit.card.schema import Card
+from labkit.card.sections import Prompt
 
 IGNORE = -100
 
 
-def messages(card: Card, text: str) -> list[dict[str, str]]:
-    """Chat messages of the prompt for one input text (system message when the card has one)."""
+def messages(prompt: Prompt, text: str) -> list[dict[str, str]]:
+    """Chat messages of the prompt for one input text (system message when `data.prompt` has one)."""
     out = []
-    if card.data.prompt.system:
-        out.append({"role": "system", "content": card.data.prompt.system.strip()})
-    out.append({"role": "user", "content": card.data.prompt.instruction.replace("{input}", text)})
+    if prompt.system:
+        out.append({"role": "system", "content": prompt.system.strip()})
+    out.append({"role": "user", "content": prompt.instruction.replace("{input}", text)})
     return out
 
 
-def plain_prompt(card: Card, text: str) -> str:
+def plain_prompt(prompt: Prompt, text: str) -> str:
     """The prompt text of `data.prompt.format: plain`: the template with {system} and {instruction} filled.
 
     Without a system text, `{system}` is removed together with the blank line that follows it
     (`"{system}\n\n"`), so the default template gives `### Instruction:\n<instruction>\n\n### Response:\n`.
+
+    Args:
+        prompt: the card's `data.prompt`.
+        text: the input text.
+    Returns:
+        the prompt text.
     """
-    prompt = card.data.prompt
     template = prompt.plain_template
     system = (prompt.system or "").strip()
     if not system:
@@ -56,21 +62,22 @@ def _plain_ids(tokenizer: Any, text: str) -> list[int]:
 
 def prompt_ids(tokenizer: Any, card: Card, text: str) -> list[int]:
     """Token ids of the prompt, ending with the assistant header or the response marker (what generation starts from)."""
-    if card.data.prompt.format == "plain":
-        return _plain_ids(tokenizer, plain_prompt(card, text))
-    return _ids(tokenizer.apply_chat_template(messages(card, text), add_generation_prompt=True, tokenize=True))
-
-
-def prompt_text(tokenizer: Any, card: Card, text: str) -> str:
-    """The prompt as text after the chat template (or the plain template)."""
-    if card.data.prompt.format == "plain":
-        return plain_prompt(card, text)
-    return tokenizer.apply_chat_template(messages(card, text), add_generation_prompt=True, tokenize=False)
-
-
-def format_name(card: Card) -> str:
-    """The prompt format in words, as stage 02 shows it: `chat (model's template)`, `chat (ChatML added)`, `plain`."""
     prompt = card.data.prompt
+    if prompt.format == "plain":
+        return _plain_ids(tokenizer, plain_prompt(prompt, text))
+    return _ids(tokenizer.apply_chat_template(messages(prompt, text), add_generation_prompt=True, tokenize=True))
+
+
+def prompt_text(tokenizer: Any, prompt: Prompt, text: str) -> str:
+    """The prompt as text after the chat template (or the plain template), for the card's `data.prompt`."""
+    if prompt.format == "plain":
+        return plain_prompt(prompt, text)
+    return tokenizer.apply_chat_template(messages(prompt, text), add_generation_prompt=True, tokenize=False)
+
+
+def format_name(prompt: Prompt) -> str:
+    """The prompt format (`data.prompt`) in words, as stage 02 shows it: `chat (model's template)`, `chat (ChatML
+    added)`, `plain`."""
     if prompt.format == "plain":
         return "plain (template + EOS after the answer)"
     return "chat (ChatML added to the tokenizer)" if prompt.chat_template == "chatml" else "chat (the model's template)"
@@ -120,9 +127,9 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     """
     prompt = prompt_ids(tokenizer, card, text)
     if card.data.prompt.format == "plain":
-        full = _plain_ids(tokenizer, plain_prompt(card, text) + target)
+        full = _plain_ids(tokenizer, plain_prompt(card.data.prompt, text) + target)
     else:
-        convo = messages(card, text) + [{"role": "assistant", "content": target}]
+        convo = messages(card.data.prompt, text) + [{"role": "assistant", "content": target}]
         full = _ids(tokenizer.apply_chat_template(convo, tokenize=True))
     prefix_ok = full[: len(prompt)] == prompt
     eos = tokenizer.eos_token_id
@@ -136,7 +143,7 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     limit = card.data.max_length
     return Encoded(input_ids=full[:limit], labels=labels[:limit], prompt_len=len(prompt), full_len=full_len,
                    truncated=full_len > limit, prefix_ok=prefix_ok,
-                   prompt_format=format_name(card))
+                   prompt_format=format_name(card.data.prompt))
 
 
 def encode_rows(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[Encoded]:

@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labkit.card.schema import Card
-from labkit.card.sections import FilesSource, HubSource
+from labkit.card.sections import Data, FilesSource, HubSource
 from labkit.core import hub
 from labkit.errors import DataError
 
@@ -130,18 +129,18 @@ def read_hub(source: HubSource, split: str | None = None, path: str | None = Non
     return rows
 
 
-def read_given_splits(card: Card, hub_path: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def read_given_splits(data: Data, hub_path: str | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Read a source that comes with its splits, kept as given (`data.split.from_source`).
 
     Args:
-        card: the card (data.source a hub or files source; data.split.from_source maps labkit's split names to the
-            source's).
+        data: the card's data section (source a hub or files source; split.from_source maps labkit's split names to
+            the source's).
         hub_path: a local copy that `datasets.load_dataset` reads in place of the hub data set (tests).
     Returns:
         (raw rows, each with "__split__" = train / validation / test, identity: the source's revision or every
         file's sha256, and the split mapping).
     """
-    source, mapping = card.data.source, card.data.split.from_source or {}
+    source, mapping = data.source, data.split.from_source or {}
     rows: list[dict[str, Any]] = []
     if isinstance(source, FilesSource):
         files = {}

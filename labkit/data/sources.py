@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.card.schema import Card
-from labkit.card.sections import HubSource, PathSource
+from labkit.card.sections import Fields, HubSource, PathSource
 from labkit.data import dialogues, tickets
 from labkit.data.reading import read_file, read_given_splits, read_hub
 from labkit.errors import DataError
@@ -57,7 +57,7 @@ def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """
     source = card.data.source
     if card.data.split.from_source:
-        return read_given_splits(card)
+        return read_given_splits(card.data)
     if isinstance(source, PathSource):
         return read_file(Path(source.path), source.format)
     if isinstance(source, HubSource):
@@ -238,7 +238,7 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
         given: dict[str, list[dict[str, Any]]] = {
             name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
                          key=lambda r: r["id"]) for name in SPLITS}
-        return _check_splits(card, given, len(rows))
+        return _check_splits(card.data.fields, given, len(rows))
     strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
     stratify = spec.stratify
     if stratify and stratify != "category":
@@ -258,14 +258,15 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
         out["train"] += members[n_val + n_test:]
     for name in SPLITS:
         out[name].sort(key=lambda r: r["id"])
-    return _check_splits(card, out, len(rows))
+    return _check_splits(card.data.fields, out, len(rows))
 
 
-def _check_splits(card: Card, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:
+def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:
+    """Refuse an empty train or validation split, and a category (`fields.category`) missing from train."""
     for name in ("train", "validation"):
         if not out[name]:
             raise DataError(f"data.split: the {name} split is empty ({total} rows after cleaning; use more data or other fractions)")
-    if card.data.fields.category:
+    if fields.category:
         train_cats = {r["category"] for r in out["train"]}
         for name in ("validation", "test"):
             missing = sorted({r["category"] for r in out[name]} - train_cats)

@@ -10,7 +10,8 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from labkit.card.schema import Card
+from labkit.card.schema import Card, Lora
+from labkit.card.sections import Prompt
 from labkit.errors import MethodError
 
 # peft, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
@@ -24,14 +25,13 @@ def kind_of(name: str) -> str:
     return re.sub(r"(^|\.)(layers|h|blocks)\.\d+\.", r"\1\2.*.", name)
 
 
-def trainable_tokens(model: Any, card: Card) -> Any:
-    """peft's `trainable_token_indices` for a `chat_template: chatml` card, else None.
+def trainable_tokens(model: Any, prompt: Prompt) -> Any:
+    """peft's `trainable_token_indices` for a `data.prompt.chat_template: chatml` card (`prompt`), else None.
 
     The ChatML tokens were added to a base model (`labkit.model.loading.resize_for_tokenizer`): their embedding rows
     and, when the LM head is not tied to the embeddings, their LM-head rows are trained and saved with the adapter.
     On the meta device (memory estimate) the last rows stand in for them: only their count matters there.
     """
-    prompt = card.data.prompt
     if prompt.format != "chat" or prompt.chat_template != "chatml":
         return None
     rows = model.get_input_embeddings().weight.shape[0]
@@ -44,13 +44,13 @@ def trainable_tokens(model: Any, card: Card) -> Any:
     return {name_of[id(model.get_input_embeddings())].rsplit(".", 1)[-1]: ids, name_of[id(head)].rsplit(".", 1)[-1]: ids}
 
 
-def lora_config(card: Card, model: Any = None) -> Any:
-    """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string; the ChatML
-    rows of `trainable_tokens` when the model is given)."""
+def lora_config(method: Lora, prompt: Prompt, model: Any = None) -> Any:
+    """The peft LoraConfig of a lora/qlora `method` (target_modules: names, "all-linear", or one regex string; the
+    ChatML rows of `trainable_tokens` for the card's `data.prompt` when the model is given)."""
     from peft import LoraConfig
 
-    m = card.method
-    tokens = trainable_tokens(model, card) if model is not None else None
+    m = method
+    tokens = trainable_tokens(model, prompt) if model is not None else None
     return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
                       modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none",
                       trainable_token_indices=tokens)
@@ -82,7 +82,7 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     if method.kind == "qlora" and not meta:
         model = prepare_kbit(model, card)  # method.quantisation.upcast (labkit.model.placement)
     targets = method.target_modules
-    config = lora_config(card, model)
+    config = lora_config(method, card.data.prompt, model)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     missing = [m for m in method.modules_to_save if m not in names]
     if missing:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from labkit.card.schema import Card
+from labkit.card.schema import Card, Method, Train
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
 
@@ -87,8 +87,9 @@ def _weights(card: Card, profile: DeviceProfile) -> str:
     return _dtype("model.dtype", card.model.dtype, profile, "float32" if card.method.kind == "full" else "float16")
 
 
-def _precision(card: Card, profile: DeviceProfile) -> str:
-    wanted = card.train.precision
+def _precision(train: Train, profile: DeviceProfile) -> str:
+    """`train.precision` on this device: auto resolved; a mixed precision the device cannot run refused."""
+    wanted = train.precision
     if wanted == "auto":
         return ("bf16" if profile.native_bf16 else "fp16") if profile.is_gpu else "fp32"
     if wanted != "fp32" and not profile.is_gpu:
@@ -99,10 +100,11 @@ def _precision(card: Card, profile: DeviceProfile) -> str:
     return wanted
 
 
-def _compute_dtype(card: Card, profile: DeviceProfile) -> str | None:
-    if card.method.kind != "qlora":
+def _compute_dtype(method: Method, profile: DeviceProfile) -> str | None:
+    """The 4-bit layers' compute dtype of a qlora `method` on this device (None for any other method)."""
+    if method.kind != "qlora":
         return None
-    return _dtype("method.quantisation.compute_dtype", card.method.quantisation.compute_dtype, profile, "float16")
+    return _dtype("method.quantisation.compute_dtype", method.quantisation.compute_dtype, profile, "float16")
 
 
 def _attention(card: Card, profile: DeviceProfile, weights: str, kernels: dict[str, bool]) -> tuple[str, str | None]:
@@ -158,12 +160,12 @@ def _decide(card: Card, profile: DeviceProfile, world_size: int,
     """`decide`, cached on its (hashable) arguments."""
     kernels = dict(given_kernels) if given_kernels is not None else None
     weights = _weights(card, profile)
-    precision = _precision(card, profile)
+    precision = _precision(card.train, profile)
     if card.method.kind == "full" and weights == "float16" and precision == "fp16":
         raise CardError(f"model.dtype: float16 weights with train.precision {card.train.precision} (fp16 on "
                         f"{profile.name}) for method full: the loss scaler refuses float16 trainable weights "
                         "(\"Attempting to unscale FP16 gradients\"); set model.dtype: float32 or auto")
-    compute = _compute_dtype(card, profile)
+    compute = _compute_dtype(card.method, profile)
     needs_kernels = card.train.packing or card.model.attn_implementation in ("flash_attention_2", "flex_attention")
     kernels = kernels if kernels is not None else (attention_kernels() if needs_kernels else {})
     attention, packing = _attention(card, profile, weights, kernels)

@@ -146,7 +146,7 @@ def test_hub_split_mapping_through_datasets_own_loader(tmp_path: Path, tok) -> N
     card = load_card(_card(tmp_path, {"source": {"hf": "acme/dialogs", "revision": revision},
                                       "split": {"from_source": {"train": "train", "validation": "test",
                                                                 "test": "validation"}}})).card
-    rows, identity = reading.read_given_splits(card, hub_path=str(copy))
+    rows, identity = reading.read_given_splits(card.data, hub_path=str(copy))
     assert identity == {"kind": "hf", "name": "acme/dialogs", "revision": revision, "config": None,
                         "from_source": {"train": "train", "validation": "test", "test": "validation"}}
     mapped = D.map_fields(card, rows)

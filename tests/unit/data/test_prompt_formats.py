@@ -63,12 +63,12 @@ def test_card_keys_and_their_refusals() -> None:
 
 def test_plain_default_template_with_and_without_system() -> None:
     card = card_with(format="plain")
-    assert plain_prompt(card, "my bill") == (
+    assert plain_prompt(card.data.prompt, "my bill") == (
         "### Instruction:\nReply with one JSON object and nothing else.\n\nTicket:\nmy bill\n\n### Response:\n")
     bare = card_with(format="plain", system=None)
-    assert plain_prompt(bare, "my bill") == "### Instruction:\nTicket:\nmy bill\n\n### Response:\n"
+    assert plain_prompt(bare.data.prompt, "my bill") == "### Instruction:\nTicket:\nmy bill\n\n### Response:\n"
     own = card_with(format="plain", system=None, template="{system}Question: {instruction}\nAnswer:")
-    assert plain_prompt(own, "x") == "Question: Ticket:\nx\nAnswer:"
+    assert plain_prompt(own.data.prompt, "x") == "Question: Ticket:\nx\nAnswer:"
 
 
 def test_plain_tokens_loss_and_eos(phi) -> None:
@@ -77,7 +77,7 @@ def test_plain_tokens_loss_and_eos(phi) -> None:
     assert not tok.chat_template and tok.pad_token_id == tok.eos_token_id == tok.bos_token_id
     enc = encode_example(tok, card, "my orbit phone bill is wrong", ANSWER)
     prompt = prompt_ids(tok, card, "my orbit phone bill is wrong")
-    assert prompt_text(tok, card, "x").endswith("### Response:\n")
+    assert prompt_text(tok, card.data.prompt, "x").endswith("### Response:\n")
     assert enc.input_ids[: len(prompt)] == prompt and enc.prefix_ok
     assert all(label == IGNORE for label in enc.labels[: len(prompt)])
     assert enc.labels[len(prompt):] == enc.input_ids[len(prompt):]
@@ -121,7 +121,7 @@ def test_chatml_added_to_a_base_model(mistral) -> None:
     tok = load_tokenizer(mistral, card)
     base = load_tokenizer(mistral, card_with("tiny:mistral", format="plain"))
     assert len(tok) == len(base) + 2 and tok.eos_token == tok.pad_token == "<|im_end|>" and tok.bos_token == "<|im_start|>"
-    assert prompt_text(tok, card, "x").endswith("<|im_start|>assistant\n")
+    assert prompt_text(tok, card.data.prompt, "x").endswith("<|im_start|>assistant\n")
     enc = encode_example(tok, card, "my orbit phone bill is wrong", ANSWER)
     assert enc.input_ids[-1] == tok.eos_token_id == tok.convert_tokens_to_ids("<|im_end|>") and enc.labels[-1] == enc.input_ids[-1]
     assert all(failed(tok, [enc, encode_example(tok, card, "hi", "ok")]).values())

@@ -191,3 +191,25 @@ def test_baseline_numerics_differ_across_device_dtype_and_quantisation() -> None
     qlora = updated(qlora, {"method.quantisation.unquantised_baseline": True})
     assert not baseline_quantize(qlora) and baseline_numerics(qlora, profile("t4"))["quantisation"] is None
     assert baseline_numerics(card("lora"), profile("t4"))["quantisation"] is None
+
+
+def test_decisions_are_computed_once_per_card_and_profile() -> None:
+    made = decide(card("lora"), profile("2xt4"), world_size=1, kernels=NONE)
+    assert decide(card("lora"), profile("2xt4"), world_size=1, kernels=NONE) is made  # an equal card: the same
+    assert decide(card("lora"), profile("t4"), world_size=1, kernels=NONE) is not made  # another profile: decided
+    assert decide(card("full"), profile("2xt4"), world_size=1, kernels=NONE) is not made  # another card: decided
+
+
+def test_the_machines_decisions_print_their_note_once(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from labkit.model import loading
+
+    monkeypatch.setattr(loading, "profile_of", lambda device: profile("2xt4"))  # this machine, as recorded
+    loading._decisions.cache_clear()
+    try:
+        first = loading.decisions(card("lora"), "cuda")
+        again = [loading.decisions(card("lora"), "cuda:0"), loading.decisions(card("lora"), "cuda")]
+        assert all(made is first for made in again)
+        assert capsys.readouterr().out.count("note: 2 GPUs visible") == 1
+    finally:
+        loading._decisions.cache_clear()
