@@ -126,7 +126,7 @@ def map_fields(card: Card, raw: list[dict[str, Any]], origins: dict[str, str] | 
                 raise DataError(f"{where}: field {split_field!r} (data.split.field) is {row.get(split_field)!r}; "
                                 f"expected one of {', '.join(SPLITS)}")
             mapped["split"] = value
-        elif "__split__" in row:  # data.split.from_source: the source's own split (labkit.data.given_splits)
+        elif "__split__" in row:  # data.split.from_source: the source's own split (labkit.data.reading.read_given_splits)
             mapped["split"] = row["__split__"]
         row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
         if row_id in seen:

@@ -9,7 +9,7 @@ positions before the LM head (a forward pre-hook on the model's output embedding
 inside `compute_loss`) and lets the model's own loss function (`ForCausalLMLoss`, given the
 matching `shift_labels`) score them: the same loss, the same normalisation
 (`num_items_in_batch`), through the model's own forward — so DDP and PEFT wrappers stay in the
-path. tests/test_training.py checks loss and gradients against TRL's path.
+path. tests/unit/train/test_loss_head.py checks loss and gradients against TRL's path.
 """
 
 from __future__ import annotations

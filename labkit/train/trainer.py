@@ -131,7 +131,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     interruption = Interruption()
     if checkpoints:
         callbacks.append(interruption.callback())
-    if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/early_stopping.py)
+    if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/train/early_stopping.py)
         from labkit.train.early_stopping import callbacks as stopping_callbacks
 
         callbacks += stopping_callbacks(card, tokenizer, eval_rows)

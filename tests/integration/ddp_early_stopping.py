@@ -1,7 +1,7 @@
 """Worker of test_early_stopping's DDP test, run on every process of `accelerate launch`: trains the tiny model with
 early stopping on a generation metric and writes what this rank saw to OUT/rank<N>.json.
 
-Usage: accelerate launch --config_file CONFIG tests/ddp_early_stopping.py OUT (OUT holds card.json)
+Usage: accelerate launch --config_file CONFIG tests/integration/ddp_early_stopping.py OUT (OUT holds card.json)
 """
 
 from __future__ import annotations

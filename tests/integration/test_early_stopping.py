@@ -1,4 +1,4 @@
-"""Early stopping on a generation metric (labkit/early_stopping.py), on the tiny model with the real trainer:
+"""Early stopping on a generation metric (labkit/train/early_stopping.py), on the tiny model with the real trainer:
 the metric logged at each evaluation is labkit's evaluation of that step's weights, transformers' early stopping
 and best-checkpoint choice use it, training is undisturbed by the generation, a resumed run reproduces the
 uninterrupted one, and the card refuses what cannot work."""

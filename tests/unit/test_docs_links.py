@@ -1,9 +1,12 @@
 """The documentation's links: every relative link in README.md and docs/*.md points to a file that exists
 (and, with an anchor, to a heading of that file), the README stays a front page of at most 250 lines, and
-it links to every page in docs/."""
+it links to every page in docs/. References in prose and comments hold too: every `labkit/…`, `tests/…`, `docs/…`,
+`bench/…` or `notebooks/…` file path named in the repository's text files exists, and every `labkit.<package>.…`
+module path names a module (and a name it defines)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import unicodedata
 from pathlib import Path
@@ -127,3 +130,102 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
     problems = broken_links(page, root=tmp_path)
     assert len(problems) == 2, problems
     assert "missing.md" in problems[0] and "#absent" in problems[1]
+
+
+# ------------------------------------------------------------------ file and module references in text
+TEXT_SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".ipynb", ".cfg", ".txt"}
+SKIP_PARTS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "build", "dist", "runs", "node_modules"}
+FILE_REF = re.compile(r"(?<![\w./-])((?:labkit|tests|docs|bench|notebooks)/[\w./-]*\w\.(?:py|md|ipynb|yaml|json|toml))\b")
+MODULE_REF = re.compile(r"\blabkit(?:\.[A-Za-z_]\w*)+")
+
+
+def text_files(root: Path = ROOT) -> list[Path]:
+    """The repository's text files (sources, docs, cards, notebooks, Makefile), outside caches and virtual envs."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and not SKIP_PARTS & set(p.relative_to(root).parts)
+                  and not any(part.endswith(".egg-info") for part in p.parts)
+                  and (p.suffix in TEXT_SUFFIXES or p.name == "Makefile"))
+
+
+def stale_paths(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file:line: path` for every repository path a text names that does not exist (a pattern such as `tests/*.py`
+    or `docs/<page>.md` is not a path)."""
+    problems = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            for match in FILE_REF.finditer(line):
+                if not (root / match.group(1)).exists():
+                    problems.append(f"{shown(path, root)}:{number}: {match.group(1)}")
+    return problems
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    out = {}
+    for path in (root / "labkit").rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def stale_modules(files: list[Path], root: Path = ROOT) -> list[str]:
+    """`file:line: labkit.x.y` for every dotted reference into a labkit package (`labkit.<package>.…`) that names no
+    module, or a name its module does not define (`labkit.run_id`, an MLflow tag, is no package reference)."""
+    modules = _modules(root)
+    packages = {name.split(".")[1] for name in modules if name.count(".") >= 1}
+    names: dict[str, set[str]] = {}
+    problems = []
+    for path in files:
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            for match in MODULE_REF.finditer(line):
+                parts = match.group(0).split(".")
+                if parts[1] not in packages:
+                    continue
+                k = max(k for k in range(1, len(parts) + 1) if ".".join(parts[:k]) in modules or k == 1)
+                module = ".".join(parts[:k])
+                if module not in modules:
+                    problems.append(f"{shown(path, root)}:{number}: {match.group(0)} (no such module)")
+                    continue
+                if k < len(parts):
+                    defined = names.setdefault(module, _top_level_names(modules[module]))
+                    if parts[k] not in defined and parts[k] != "py":
+                        problems.append(f"{shown(path, root)}:{number}: {match.group(0)} ({module} defines no {parts[k]})")
+    return problems
+
+
+def test_named_paths_exist() -> None:
+    files = text_files()
+    assert ROOT / "pyproject.toml" in files and ROOT / "labkit" / "cli" / "main.py" in files
+    problems = stale_paths(files)
+    assert not problems, "paths named in text that do not exist:\n" + "\n".join(problems)
+
+
+def test_named_modules_exist() -> None:
+    problems = stale_modules(text_files())
+    assert not problems, "module references that do not resolve:\n" + "\n".join(problems)
+
+
+def test_a_stale_reference_is_found(tmp_path: Path) -> None:
+    (tmp_path / "labkit" / "core").mkdir(parents=True)
+    (tmp_path / "labkit" / "__init__.py").write_text("")
+    (tmp_path / "labkit" / "core" / "__init__.py").write_text("")
+    (tmp_path / "labkit" / "core" / "io.py").write_text("def read_json():\n    pass\n")
+    gone = "labkit" + "/core/resources.py"  # split so that this file names no missing path itself
+    (tmp_path / "pyproject.toml").write_text(f"# {gone} finds them; labkit/core/io.py reads them\n")
+    (tmp_path / "notes.md").write_text("labkit.core.io.read_json and labkit.core.io.write_json; " + "labkit" +
+                                       ".core.gone; labkit.run_id is a tag; `tests/unit/*.py` is a pattern\n")
+    files = text_files(tmp_path)
+    assert stale_paths(files, tmp_path) == [f"pyproject.toml:1: {gone}"]
+    assert stale_modules(files, tmp_path) == ["notes.md:1: labkit.core.io.write_json (labkit.core.io defines no "
+                                              "write_json)", "notes.md:1: " + "labkit" + ".core.gone (labkit.core defines no gone)"]
