@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core.run_card import GENERATION_LENGTH as FILE
@@ -61,9 +63,21 @@ def record(run_dir: Path | str, tokenizer: Any, train: list[dict[str, Any]],
 
 
 def statement(card: Card, run_dir: Path | str) -> str:
-    """One line on the generation length used: the card's value, or how it was sized (shown in stage 01)."""
+    """One line on the generation length used: the card's value, or how it was sized (shown in stage 01).
+
+    Args:
+        card: the card as loaded, or the run's resolved card (`labkit.core.run_card.resolved_card`), whose
+            `eval.max_new_tokens` is the recorded one: the run's archived `card.yaml`, when there is one, says whether
+            the card set it.
+        run_dir: the run folder.
+    Returns:
+        the line, in Markdown.
+    """
     found = recorded(run_dir)
-    if card.eval.max_new_tokens is not None or found is None:
+    archived = Path(run_dir) / "card.yaml"
+    given = ((yaml.safe_load(archived.read_text(encoding="utf-8")).get("eval") or {}).get("max_new_tokens")
+             if archived.exists() else card.eval.max_new_tokens)
+    if given is not None or found is None:
         return f"Generation length: **{card.eval.max_new_tokens}** new tokens (`eval.max_new_tokens`, set by the card)."
     return (f"Generation length: **{found['max_new_tokens']}** new tokens, sized from the data (`eval.max_new_tokens` "
             f"unset): the 95th percentile of the {found['references']} training and validation references' token "

@@ -4,6 +4,7 @@ later reader; the card's own value wins; generation refuses an unsized card."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
@@ -28,6 +29,12 @@ def test_sized_recorded_once_and_read_back(tiny_model, tmp_path) -> None:
     sized = resolved_card(card, tmp_path)
     assert sized.eval.max_new_tokens == found["max_new_tokens"] and card.eval.max_new_tokens is None
     assert f"**{found['max_new_tokens']}**" in length.statement(card, tmp_path)
+    run = tmp_path / "run"  # a run folder: its archived card.yaml leaves the length out, as the card does
+    run.mkdir()
+    (run / length.FILE).write_text((tmp_path / length.FILE).read_text())
+    (run / "card.yaml").write_text(yaml.safe_dump({"eval": {"max_new_tokens": None}}))
+    assert length.statement(sized, run) == length.statement(card, run)  # the run's resolved card says it was sized
+    assert "sized from the data" in length.statement(sized, run)
     fixed = load_card(REPO / "params" / "quickstart.yaml").card
     assert resolved_card(fixed, tmp_path).eval.max_new_tokens == 40  # the card's value wins
     assert "set by the card" in length.statement(fixed, tmp_path)
