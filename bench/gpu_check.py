@@ -161,7 +161,7 @@ def main() -> int:
     profile = capture(device)
     made = decide(card, profile, world_size=1)
     tokenizer = load_tokenizer(resolve(source), card)
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     train, held = rows[:-8], rows[-8:]
     memory = [_memory(card, source, tokenizer, train, seq_len, device, kind) for kind in ("lora", "qlora")]
     speed = _throughput(card, source, tokenizer, train[: 64 if args.cpu_dry_run else None], steps, device)

@@ -46,7 +46,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     from transformers import AutoConfig
 
     tokenizer = load_tokenizer(resolved, card)
-    rows = D.map_fields(card, D.load_source(card)[0])[:200]
+    rows = D.map_fields(card.data, D.load_source(card.data)[0])[:200]
     estimate = estimate_step(AutoConfig.from_pretrained(resolved.location), card, seq_len, device=device,
                              loss_fraction=loss_fraction(tokenizer, card, rows))
     model = apply_method(load_model(resolved, card, device), card)

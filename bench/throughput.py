@@ -126,7 +126,7 @@ def main() -> None:
     card = load_card(CARD).card
     resolved = resolve(card.model.source, card.model.revision, base=CARD.parent)
     tokenizer = load_tokenizer(resolved, card)
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     train, held_out = rows[:-HELD_OUT], encode_rows(tokenizer, card, rows[-HELD_OUT:])
     recipes = ("labkit", "padded", "dynamic")
     results: dict[str, list] = {r: [] for r in recipes}

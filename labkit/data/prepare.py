@@ -120,9 +120,9 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
         DataError: bad data, a bad reference in any split (one line naming the file, line, row id and the fix);
             LeakageError under the `fail` policy.
     """
-    raw, identity = D.load_source(card)
+    raw, identity = D.load_source(card.data)
     where: dict[str, str] = {}
-    rows = D.map_fields(card, raw, where)
+    rows = D.map_fields(card.data, raw, where)
     lengths: dict[str, int] = {}
 
     def token_length(row: dict[str, Any]) -> int:  # a preference pair is as long as its longer answer
@@ -131,8 +131,8 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
             lengths[row["id"]] = max(encode_example(tokenizer, card, row["input"], a).full_len for a in answers)
         return lengths[row["id"]]
 
-    rows, cleaning = D.apply_cleaning(card, rows, token_length)
-    splits = D.split_rows(card, rows)
+    rows, cleaning = D.apply_cleaning(card.data, rows, token_length)
+    splits = D.split_rows(card.data, rows)
     references = check_references(card.data, splits, where)  # every split, before anything is evaluated
     leak_report, _ = _apply_leakage(card.data.leakage, splits)
     planted = identity.pop("planted", None)

@@ -14,8 +14,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-from labkit.card.schema import Card
-from labkit.card.sections import Fields, HubSource, PathSource
+from labkit.card.sections import Data, Fields, HubSource, PathSource
 from labkit.data import dialogues, tickets
 from labkit.data.reading import read_file, read_given_splits, read_hub
 from labkit.errors import DataError
@@ -47,17 +46,17 @@ def rows_hash(rows: list[dict[str, Any]]) -> str:
 
 
 # --------------------------------------------------------------------------- loading
-def load_source(card: Card) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def load_source(data: Data) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Read the card's data source.
 
     Args:
-        card: the card (data.source; a path source is already absolute).
+        data: the card's data section (source: a path source is already absolute; split.from_source).
     Returns:
         (raw rows, identity) where identity records what was read and its hash or revision.
     """
-    source = card.data.source
-    if card.data.split.from_source:
-        return read_given_splits(card.data)
+    source = data.source
+    if data.split.from_source:
+        return read_given_splits(data)
     if isinstance(source, PathSource):
         return read_file(Path(source.path), source.format)
     if isinstance(source, HubSource):
@@ -81,19 +80,19 @@ def _same_answer(a: str, b: str) -> bool:
         return False
 
 
-def map_fields(card: Card, raw: list[dict[str, Any]], origins: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Map raw columns to {"id", "input", "target", "category"} following data.fields (and "rejected"
     when data.fields.rejected names the rejected answer of a preference pair).
 
     Args:
-        card: the card (data.fields, data.split.field).
+        data: the card's data section (fields, split.field).
         raw: the source's rows.
         origins: filled with row id -> `file:line` (or `source row N`) when given.
     Raises:
         DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
             naming the row and the card key.
     """
-    fields = card.data.fields
+    fields = data.fields
     if not raw:
         raise DataError("data.source: the source has no rows")
     keys = ("input", "target", "category") + (("rejected",) if fields.rejected else ())
@@ -119,7 +118,7 @@ def map_fields(card: Card, raw: list[dict[str, Any]], origins: dict[str, str] | 
             raise DataError(f"{where}: the rejected answer ({fields.rejected!r}, data.fields.rejected) equals the chosen "
                             f"answer ({fields.target!r}, data.fields.target): a preference pair needs two different "
                             "answers; fix or remove the row")
-        split_field = card.data.split.field
+        split_field = data.split.field
         if split_field:
             value = str(row.get(split_field, "")).strip().lower()
             if value not in SPLITS:
@@ -146,19 +145,19 @@ def _rule_name(rule: Any) -> tuple[str, Any]:
     return name, value
 
 
-def apply_cleaning(card: Card, rows: list[dict[str, Any]],
+def apply_cleaning(data: Data, rows: list[dict[str, Any]],
                    token_length: Callable[[dict[str, Any]], int] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Apply the card's cleaning rules in order.
 
     Args:
-        card: the card (data.cleaning).
+        data: the card's data section (cleaning).
         rows: mapped rows.
         token_length: row -> tokens of the formatted example (needed by drop_longer_than_tokens).
     Returns:
         (kept rows, report) where report lists each rule with the rows it changed or removed.
     """
     report = []
-    for rule in card.data.cleaning:
+    for rule in data.cleaning:
         name, value = _rule_name(rule)
         before = len(rows)
         removed: list[str] = []
@@ -222,7 +221,7 @@ def _target_follows(target: str, schema: dict[str, Any]) -> bool:
 
 
 # --------------------------------------------------------------------------- split
-def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def split_rows(data: Data, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Seeded split into train/validation/test, stratified by category when the card says so.
 
     Every stratum is ordered by a seeded hash of the row ids and cut by the card's fractions
@@ -233,12 +232,12 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
     Returns:
         {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
     """
-    spec = card.data.split
+    spec = data.split
     if spec.field or spec.from_source:
         given: dict[str, list[dict[str, Any]]] = {
             name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
                          key=lambda r: r["id"]) for name in SPLITS}
-        return _check_splits(card.data.fields, given, len(rows))
+        return _check_splits(data.fields, given, len(rows))
     strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
     stratify = spec.stratify
     if stratify and stratify != "category":
@@ -258,7 +257,7 @@ def split_rows(card: Card, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
         out["train"] += members[n_val + n_test:]
     for name in SPLITS:
         out[name].sort(key=lambda r: r["id"])
-    return _check_splits(card.data.fields, out, len(rows))
+    return _check_splits(data.fields, out, len(rows))
 
 
 def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:

@@ -23,7 +23,7 @@ from labkit.train.trainer import build_trainer
 def main(out: Path) -> None:
     card = Card.model_validate(json.loads((out / "card.json").read_text()))
     tiny = resolve(card.model.source)
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     model = apply_method(load_model(tiny, card, "cpu"), card)
     trainer = build_trainer(card, model, load_tokenizer(tiny, card), rows[:32], out / "trainer", eval_rows=rows[32:40],
                             device="cpu", checkpoints=True, disable_tqdm=True)

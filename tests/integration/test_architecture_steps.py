@@ -43,7 +43,7 @@ def card_for(name: str) -> Card:
 @pytest.fixture(scope="module")
 def rows():
     card = card_for("llama3")
-    return [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:12]
+    return [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:12]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -128,7 +128,7 @@ def test_preference_trainers_in_each_format(name, trainer, prompt) -> None:
     card = Card.model_validate(raw)
     resolved = resolve(card.model.source)
     tok = load_tokenizer(resolved, card)
-    pairs = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+    pairs = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:8]
     encoded, checks = run_checks(tok, card, {"train": pairs})
     assert all(c["ok"] for c in checks), [c for c in checks if not c["ok"]]
     first = encoded["train"][0]

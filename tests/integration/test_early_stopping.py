@@ -43,7 +43,7 @@ def _card(metric: str = "rougeL", patience: int = 2, **train: object):
 
 
 def _rows(card) -> tuple[list[dict], list[dict]]:
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     return rows[:32], rows[32:40]
 
 

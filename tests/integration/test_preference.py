@@ -136,19 +136,19 @@ def test_rejected_equal_to_chosen_is_named_with_file_and_line(tmp_path: Path) ->
     card, path = _pair_card(tmp_path, [_pair(1), _pair(2, rejected=same)])
     with pytest.raises(D.DataError, match=re.escape(f"{path}:2: the rejected answer ('rejected', data.fields.rejected) "
                                                     "equals the chosen answer")):
-        D.map_fields(card, D.load_source(card)[0])
+        D.map_fields(card.data, D.load_source(card.data)[0])
 
 
 def test_empty_rejected_is_dropped_by_drop_empty_or_named(tmp_path: Path) -> None:
     rows = [_pair(1), _pair(2, rejected="  "), _pair(3)]
     card, _ = _pair_card(tmp_path, rows)
-    kept, report = D.apply_cleaning(card, D.map_fields(card, D.load_source(card)[0]), token_length=lambda r: 1)
+    kept, report = D.apply_cleaning(card.data, D.map_fields(card.data, D.load_source(card.data)[0]), token_length=lambda r: 1)
     assert [r["id"] for r in kept] == ["r1", "r3"]
     assert next(r for r in report if r["rule"] == "drop_empty")["removed_ids"] == ["r2"]
     card, _ = _pair_card(tmp_path, rows, cleaning=["normalise_whitespace"])
     empty = r"row id 'r2': the rejected answer \(data.fields.rejected\) is empty .* \(add drop_empty"
     with pytest.raises(D.DataError, match=empty):
-        D.apply_cleaning(card, D.map_fields(card, D.load_source(card)[0]))
+        D.apply_cleaning(card.data, D.map_fields(card.data, D.load_source(card.data)[0]))
 
 
 def test_missing_rejected_column_names_the_card_key(tmp_path: Path) -> None:
@@ -156,7 +156,7 @@ def test_missing_rejected_column_names_the_card_key(tmp_path: Path) -> None:
     del row["rejected"]
     card, path = _pair_card(tmp_path, [row])
     with pytest.raises(D.DataError, match=re.escape(f"{path}:1: no field 'rejected' (data.fields.rejected;")):
-        D.map_fields(card, D.load_source(card)[0])
+        D.map_fields(card.data, D.load_source(card.data)[0])
 
 
 def test_preference_variant_shares_the_data_version_of_its_sft_sibling(tiny_model, splits) -> None:

@@ -35,18 +35,18 @@ def _row(i: int, cat: str = "billing") -> dict:
 
 def test_builtin_source_is_deterministic(tmp_path: Path) -> None:
     card = _card(tmp_path)
-    a, ida = D.load_source(card)
-    b, idb = D.load_source(card)
+    a, ida = D.load_source(card.data)
+    b, idb = D.load_source(card.data)
     assert [r["text"] for r in a] == [r["text"] for r in b]
     assert ida["planted"] == idb["planted"] and len(a) == 400
 
 
 def test_split_is_seeded_stratified_and_order_free(tmp_path: Path) -> None:
     card = _card(tmp_path)
-    rows = D.map_fields(card, D.load_source(card)[0])
-    rows, _ = D.apply_cleaning(card, rows, token_length=lambda r: 10)
-    first = D.split_rows(card, rows)
-    again = D.split_rows(card, list(reversed(rows)))
+    rows = D.map_fields(card.data, D.load_source(card.data)[0])
+    rows, _ = D.apply_cleaning(card.data, rows, token_length=lambda r: 10)
+    first = D.split_rows(card.data, rows)
+    again = D.split_rows(card.data, list(reversed(rows)))
     assert {k: [r["id"] for r in v] for k, v in first.items()} == {k: [r["id"] for r in v] for k, v in again.items()}
     total = Counter(r["category"] for r in rows)
     for cat, n in total.items():
@@ -55,7 +55,7 @@ def test_split_is_seeded_stratified_and_order_free(tmp_path: Path) -> None:
     ids = [r["id"] for split in first.values() for r in split]
     assert len(ids) == len(set(ids)) == len(rows)
     other = _card(tmp_path, split={"validation": 0.15, "test": 0.15, "seed": 14, "stratify": "category"})
-    assert [r["id"] for r in D.split_rows(other, rows)["validation"]] != [r["id"] for r in first["validation"]]
+    assert [r["id"] for r in D.split_rows(other.data, rows)["validation"]] != [r["id"] for r in first["validation"]]
 
 
 def test_cleaning_rules_report_what_they_removed(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_cleaning_rules_report_what_they_removed(tmp_path: Path) -> None:
             {"id": "b", "input": "   \n ", "target": "x", "category": "c"},
             {"id": "c", "input": "x" * 31, "target": "x", "category": "c"},
             {"id": "d", "input": "Hello there", "target": "x", "category": "c"}]
-    kept, report = D.apply_cleaning(card, rows)
+    kept, report = D.apply_cleaning(card.data, rows)
     assert [r["id"] for r in kept] == ["a"] and kept[0]["input"] == "hello there"
     assert [(s["removed"], s["removed_ids"]) for s in report] == [(0, []), (1, ["b"]), (1, ["c"]), (1, ["d"])]
     assert report[0]["changed"] == 2
@@ -76,24 +76,24 @@ def test_corrupt_jsonl_line_is_named(tmp_path: Path) -> None:
     path.write_text(json.dumps(_row(1)) + "\n{broken\n")
     card = _card(tmp_path, source={"path": str(path)})
     with pytest.raises(D.DataError, match=rf"{path}:2: not valid JSON"):
-        D.load_source(card)
+        D.load_source(card.data)
 
 
 def test_missing_mapped_field_is_named(tmp_path: Path) -> None:
     rows = [_row(1), {"id": "r2", "text": "hi", "category": "billing"}]
     card = _card(tmp_path, source={"path": str(_jsonl(tmp_path / "d.jsonl", rows))})
     with pytest.raises(D.DataError, match=r"d\.jsonl:2: no field 'answer' \(data\.fields\.target"):
-        D.map_fields(card, D.load_source(card)[0])
+        D.map_fields(card.data, D.load_source(card.data)[0])
 
 
 def test_category_only_in_validation_is_an_error(tmp_path: Path) -> None:
     rows = [_row(i, "billing") for i in range(20)] + [_row(100 + i, "rare") for i in range(1)]
     card = _card(tmp_path, source={"path": str(_jsonl(tmp_path / "d.jsonl", rows))},
                  split={"validation": 0.2, "test": 0.0, "seed": 1, "stratify": None})
-    mapped = D.map_fields(card, D.load_source(card)[0])
+    mapped = D.map_fields(card.data, D.load_source(card.data)[0])
     for seed in range(40):  # find a seed that puts the single 'rare' row into validation
         try:
-            D.split_rows(updated(card, {"data.split.seed": seed}), mapped)
+            D.split_rows(updated(card, {"data.split.seed": seed}).data, mapped)
         except D.DataError as exc:
             assert "'rare' in validation but not in train" in str(exc)
             return
@@ -104,21 +104,21 @@ def test_empty_split_after_cleaning(tmp_path: Path) -> None:
     rows = [{**_row(1), "text": "  "}, {**_row(2), "text": ""}]
     card = _card(tmp_path, source={"path": str(_jsonl(tmp_path / "d.jsonl", rows))})
     with pytest.raises(D.DataError, match="no rows left after cleaning"):
-        D.apply_cleaning(card, D.map_fields(card, D.load_source(card)[0]), token_length=lambda r: 10)
+        D.apply_cleaning(card.data, D.map_fields(card.data, D.load_source(card.data)[0]), token_length=lambda r: 10)
 
 
 def test_csv_source_through_datasets(tmp_path: Path) -> None:
     path = tmp_path / "d.csv"
     path.write_text("id,text,category,answer\n1,hello there,billing,\"{\"\"category\"\": \"\"billing\"\"}\"\n")
     card = _card(tmp_path, source={"path": str(path)})
-    rows = D.map_fields(card, D.load_source(card)[0])
+    rows = D.map_fields(card.data, D.load_source(card.data)[0])
     assert rows == [{"id": "1", "input": "hello there", "target": '{"category": "billing"}', "category": "billing"}]
 
 
 def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
     card = _card(tmp_path, source={"path": str(_jsonl(tmp_path / "d.jsonl", [_row(1), _row(1)]))})
     with pytest.raises(D.DataError, match="used twice"):
-        D.map_fields(card, D.load_source(card)[0])
+        D.map_fields(card.data, D.load_source(card.data)[0])
 
 
 def test_rows_hash_changes_with_content() -> None:
@@ -133,5 +133,5 @@ def test_parquet_source(tmp_path: Path) -> None:
     path = tmp_path / "d.parquet"
     pd.DataFrame([_row(1), _row(2, "shipping")]).to_parquet(path)
     card = _card(tmp_path, source={"path": str(path)})
-    rows = D.map_fields(card, D.load_source(card)[0])
+    rows = D.map_fields(card.data, D.load_source(card.data)[0])
     assert [r["id"] for r in rows] == ["r1", "r2"] and rows[1]["category"] == "shipping"

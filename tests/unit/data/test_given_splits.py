@@ -149,8 +149,8 @@ def test_hub_split_mapping_through_datasets_own_loader(tmp_path: Path, tok) -> N
     rows, identity = reading.read_given_splits(card.data, hub_path=str(copy))
     assert identity == {"kind": "hf", "name": "acme/dialogs", "revision": revision, "config": None,
                         "from_source": {"train": "train", "validation": "test", "test": "validation"}}
-    mapped = D.map_fields(card, rows)
-    splits = D.split_rows(card, mapped)
+    mapped = D.map_fields(card.data, rows)
+    splits = D.split_rows(card.data, mapped)
     assert sorted(r["id"] for r in splits["validation"]) == [f"h{i}" for i in range(4)]  # the mapping, as given
     assert sorted(r["id"] for r in splits["test"]) == [f"v{i}" for i in range(4)]
     assert f"hf:acme/dialogs@{revision[:12]} train row 1" in {r["__where__"] for r in rows}

@@ -50,7 +50,7 @@ def test_regex_rules(tmp_path: Path) -> None:
     card = _loaded(tmp_path, cleaning=[{"drop_matching": {"field": "input", "pattern": r"\b[13]$"}},
                                        {"keep_matching": {"pattern": "text"}}]).card
     rows = _rows() + [{**_rows(1)[0], "id": "x", "input": "nothing"}]
-    kept, report = D.apply_cleaning(card, rows)
+    kept, report = D.apply_cleaning(card.data, rows)
     assert [r["id"] for r in kept] == ["r0", "r2"]
     assert [s["removed_ids"] for s in report] == [["r1", "r3"], ["x"]]
     assert report[0]["rule"] == {"drop_matching": {"field": "input", "pattern": r"\b[13]$"}}
@@ -63,7 +63,7 @@ def test_json_schema_rule(tmp_path: Path) -> None:
     rows = _rows(2)
     rows[1]["target"] = json.dumps({"category": "c", "priority": "someday", "product": "P"})
     rows.append({**_rows(1)[0], "id": "bad", "target": "not json"})
-    kept, report = D.apply_cleaning(card, rows)
+    kept, report = D.apply_cleaning(card.data, rows)
     assert [r["id"] for r in kept] == ["r0"] and report[0]["removed_ids"] == ["r1", "bad"]
 
 
@@ -82,7 +82,7 @@ def test_whitespace_row_without_drop_empty_is_named(tmp_path: Path) -> None:
     rows = _rows(2)
     rows[1]["input"] = " \n\t "
     with pytest.raises(D.DataError, match=r"row id 'r1': the input is empty or whitespace only .*drop_empty"):
-        D.apply_cleaning(card, rows)
+        D.apply_cleaning(card.data, rows)
 
 
 def test_split_from_a_data_field(tmp_path: Path) -> None:
@@ -91,13 +91,13 @@ def test_split_from_a_data_field(tmp_path: Path) -> None:
     path = tmp_path / "d.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     card = _loaded(tmp_path, source={"path": str(path)}, split={"field": "part"}).card
-    splits = D.split_rows(card, D.map_fields(card, D.load_source(card)[0]))
+    splits = D.split_rows(card.data, D.map_fields(card.data, D.load_source(card.data)[0]))
     assert {k: [r["id"] for r in v] for k, v in splits.items()} == {"train": ["r0", "r1"], "validation": ["r2"], "test": ["r3"]}
     assert "split" not in splits["train"][0]
     rows[0]["part"] = "holdout"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(D.DataError, match=r"d\.jsonl:1: field 'part' \(data\.split\.field\) is 'holdout'"):
-        D.map_fields(card, D.load_source(card)[0])
+        D.map_fields(card.data, D.load_source(card.data)[0])
 
 
 def test_manifest_is_stable_and_versioned(tmp_path: Path, tok, tiny_model) -> None:

@@ -17,7 +17,7 @@ def test_a_second_stop_token_in_the_generation_config_ends_the_answer(tiny_model
 
     card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"eval.batch_size": 1, "eval.max_new_tokens": 8})
     tokenizer, model = load_tokenizer(tiny_model, card), load_model(tiny_model, card, "cpu")
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:1]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:1]
     with torch.no_grad():  # the random tiny model's first greedy token (not its EOS)
         first = int(model(torch.tensor([prompt_ids(tokenizer, card, rows[0]["input"])])).logits[0, -1].argmax())
     assert first != tokenizer.eos_token_id

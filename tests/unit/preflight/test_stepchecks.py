@@ -32,7 +32,7 @@ def card():
 @pytest.fixture(scope="module")
 def rows():
     card = load_card(REPO / "params" / "smoke.yaml").card
-    return [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:24]
+    return [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:24]
 
 
 def _check(card, tiny_model, rows, steps: int = 2, tamper=None) -> dict:

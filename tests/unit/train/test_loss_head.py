@@ -21,7 +21,7 @@ from labkit.train.trainer import build_trainer
 
 def _trainer(tmp_path: Path, tiny_model, packing: bool):
     card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"train.packing": packing})
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:12]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:12]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     return build_trainer(card, model, load_tokenizer(tiny_model, card), rows, tmp_path, device="cpu")
 

@@ -24,7 +24,7 @@ def card():
 
 
 def _examples(card, tiny_model, n: int = 6) -> list[dict]:
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:n]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:n]
     return [{"input_ids": e.input_ids, "labels": e.labels} for e in encode_rows(load_tokenizer(tiny_model, card), card, rows)]
 
 
@@ -84,7 +84,7 @@ def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
     from labkit.preflight.measure import measure_step
 
     card = updated(card, {"train.packing": True})  # stage 03 measures with fixed-length rows that carry no position ids
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:8]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:8]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     result = measure_step(card, model, load_tokenizer(tiny_model, card), rows, 64, Path(tempfile.mkdtemp()),
                           eval_rows=rows[:4])
@@ -97,7 +97,7 @@ def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
 
 def test_training_packed_through_the_trainer(card, tiny_model) -> None:
     card = updated(card, {"train.packing": True})
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()][:16]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:16]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows, Path(tempfile.mkdtemp()), device="cpu",
                             max_steps=2, disable_tqdm=True)

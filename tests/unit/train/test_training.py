@@ -19,7 +19,7 @@ def test_early_stopping_on_validation_loss(tmp_path: Path, tiny_model) -> None:
     card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
         "train.lr": 0.5,  # large: after a few steps the validation loss improves by less than min_delta
         "train.max_steps": 16, "train.eval_steps": 1, "train.early_stopping": EarlyStopping(patience=2, min_delta=0.02)})
-    rows = [r for r in D.map_fields(card, D.load_source(card)[0]) if r["input"].strip()]
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:32], tmp_path, eval_rows=rows[32:40],
                             device="cpu", checkpoints=True, disable_tqdm=True)
