@@ -1,0 +1,79 @@
+"""Run metrics: a trained run's time, throughput, memory and cost, read from its stage 03/04 data files.
+
+They are metrics like the answer metrics (a card may name them as primary metric or guardrail), judged against a
+reference run: `experiment.target.against: <variant>` names a sibling variant whose latest completed run is that
+reference (`reference_run`). Stage 05 adds them to tuned_metrics.json under "run"; `labkit compare` and
+`labkit final` read them the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypedDict
+
+from labkit.core import io
+from labkit.core.protocol import experiment_runs
+from labkit.stages.records import TUNED_METRICS, read_outcome
+
+
+class RunMetrics(TypedDict):
+    """A run's time, throughput, memory and cost (None where its files do not say)."""
+
+    train_seconds: float | None  # the trainer's train_runtime (training/outcome.json)
+    steps: int | None
+    tokens_seen: float | None  # stage 03's training tokens per epoch × the epochs trained
+    tokens_per_second: float | None
+    peak_memory_gib: float | None  # the largest step stage 03 measured
+    cost: float | None  # hours × processes × budget.price_per_gpu_hour
+    predicted_train_seconds: float | None  # stage 03's time plan
+
+
+def _json(path: Path) -> dict[str, Any]:
+    return io.read_json(path) if path.exists() else {}
+
+
+def run_metrics(run_dir: Path, price_per_gpu_hour: float = 0.0) -> RunMetrics:
+    """The run metrics of a run folder, from its stage 03 and 04 files.
+
+    Args:
+        run_dir: the run folder.
+        price_per_gpu_hour: the card's budget.price_per_gpu_hour.
+    Returns:
+        the RunMetrics.
+    """
+    outcome: dict[str, Any] = dict(read_outcome(run_dir) or {})
+    # stage 03's files, by their names (labkit.stages.parameter_check writes them)
+    fit = _json(run_dir / "parameter_check" / "fit.json").get("plan") or {}
+    memory = _json(run_dir / "parameter_check" / "memory.json").get("comparison") or []
+    seconds = (outcome.get("metrics") or {}).get("train_runtime")
+    epochs = (outcome.get("metrics") or {}).get("epoch")
+    tokens = fit.get("train_tokens") * epochs if fit.get("train_tokens") and epochs else None
+    peaks = [r["peak_gib_measured"] for r in memory if r.get("peak_gib_measured") is not None]
+    world = outcome.get("world_size") or 1
+    return {"train_seconds": seconds, "steps": outcome.get("steps"), "tokens_seen": tokens,
+            "tokens_per_second": tokens / seconds if tokens and seconds else None,
+            "peak_memory_gib": max(peaks) if peaks else None,
+            "cost": seconds / 3600 * world * price_per_gpu_hour if seconds is not None else None,
+            "predicted_train_seconds": fit.get("train_seconds")}
+
+
+def reference_run(root: Path, experiment: str, variant: str) -> dict[str, Any] | None:
+    """The latest completed run of a variant of the experiment (with stage 05's results), or None.
+
+    Args:
+        root: the runs root.
+        experiment: the experiment id.
+        variant: the variant named by experiment.target.against.
+    Returns:
+        the registry row ({"run_id", "variant", "status", "dir", ...}) or None.
+    """
+    done = [r for r in experiment_runs(root, experiment)
+            if r["variant"] == variant and r["status"] == "completed" and (Path(r["dir"]) / "comparison" / TUNED_METRICS).exists()]
+    return done[-1] if done else None
+
+
+def reference_metrics(run_dir: Path, price_per_gpu_hour: float) -> dict[str, Any]:
+    """A reference run's tuned metrics (stage 05) with its run metrics under "run"."""
+    metrics = io.read_json(run_dir / "comparison" / TUNED_METRICS)
+    metrics["run"] = run_metrics(run_dir, price_per_gpu_hour)
+    return metrics
