@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from peft import PeftModel
-
 from labkit.card.schema import Card
 from labkit.errors import MissingInput
 from labkit.model.loading import load_model
 from labkit.model.sources import ResolvedModel
+
+# peft takes seconds to import (and loads torch and bitsandbytes): imported inside load_tuned while `labkit` commands
+# import the library at start; it moves to the top once the command line imports each command lazily
 
 
 def load_tuned(base: ResolvedModel, card: Card, adapter: Path, device: str) -> Any:
@@ -30,6 +31,8 @@ def load_tuned(base: ResolvedModel, card: Card, adapter: Path, device: str) -> A
     Raises:
         MissingInput: the folder is missing (training has not run).
     """
+    from peft import PeftModel
+
     if not adapter.exists():
         raise MissingInput(f"{adapter} is missing: run the training stage of this run first")
     if card.method.kind == "full":
