@@ -65,11 +65,12 @@ def train(stage: Stage) -> TrainingOutcome:
         print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
     result = trainer.train(resume_from_checkpoint=resume_from)
     interrupted = trainer.labkit_interruption.report(stage.path(CHECKPOINTS), stage.run.run_id)
-    outcome: TrainingOutcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
-               "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
-               "interrupted": interrupted, "best_step": trainer.state.best_global_step,
-               "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None,
-               "early_stopped": False, "early_stopping": None}
+    outcome: TrainingOutcome = {
+        "steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
+        "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
+        "interrupted": interrupted, "best_step": trainer.state.best_global_step,
+        "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None,
+        "early_stopped": False, "early_stopping": None}
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
                                     and not outcome["budget_exhausted"] and not interrupted)
     # which checkpoint became the adapter, and why (the metric's value at each evaluation)
