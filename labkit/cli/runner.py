@@ -22,6 +22,7 @@ from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterru
 from labkit.experiment.report import build_report
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.card_check import check_card
+from labkit.stages.records import read_outcome
 
 # papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
 # start fast
@@ -141,12 +142,12 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
 
 
 def _budget_stop(run: R.Run) -> dict[str, Any]:
-    """{"stopped_by": "budget", "note"} when training stopped on budget.max_minutes, else {}."""
-    path = run.dir / "training" / "summary.json"
-    summary = io.read_json(path) if path.exists() else {}
-    if not summary.get("budget_exhausted"):
+    """{"stopped_by": "budget", "note"} when training stopped on budget.max_minutes (training/outcome.json says so,
+    as training wrote it), else {}."""
+    outcome = read_outcome(run.dir)
+    if outcome is None or not outcome.get("budget_exhausted"):
         return {}
-    return {"stopped_by": "budget", "note": f"training stopped by budget.max_minutes after {summary.get('steps')} "
+    return {"stopped_by": "budget", "note": f"training stopped by budget.max_minutes after {outcome.get('steps')} "
                                             "step(s); a checkpoint was written"}
 
 

@@ -1,1 +1,2 @@
-"""Data: sources, the built-in generators, cleaning and splits, leakage, prompting and pair encoding, preparation."""
+"""Data: sources, the built-in generators, cleaning and splits, leakage, prompting and pair encoding, token lengths,
+preparation."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import labkit
 from labkit.card.schema import Card
@@ -34,7 +34,43 @@ from labkit.data.prompting import encode_example, encode_rows
 from labkit.errors import LeakageError, MissingInput, SplitLocked, UsageError
 
 
-def _tokenizer_identity(tokenizer: Any, revision: str) -> dict[str, Any]:
+class SplitRecord(TypedDict):
+    """The manifest's `split`: how the rows were split, and each split's size and content hash."""
+
+    spec: dict[str, Any]  # the card's data.split
+    sizes: dict[str, int]  # train, validation, test
+    sha256: dict[str, str]  # per split (test included: `labkit final` checks the re-derived rows against it)
+
+
+# the manifest's `tokenizer`: which tokenizer encoded the data ("class" is not an identifier: the functional form)
+TokenizerIdentity = TypedDict("TokenizerIdentity", {
+    "name_or_path": str, "model_revision": str, "class": str, "vocab_size": int, "eos_token": str | None,
+    "pad_token": str | None, "chat_template_sha256": str})
+
+
+class _ManifestRequired(TypedDict):
+    data_version: str  # the short hash of the splits and their tokenisation
+    source: dict[str, Any]  # what was read: its hash or revision
+    fields: dict[str, Any]
+    rows_loaded: int
+    cleaning: list[dict[str, Any]]  # one report per rule (removed ids cut to 50)
+    split: SplitRecord
+    leakage: dict[str, Any]  # the leakage report without its pairs (preprocessing/leakage.json has them)
+    references: dict[str, Any]
+    tokenizer: TokenizerIdentity
+    tokenised_sha256: dict[str, str]
+    prompt: dict[str, Any]
+    labkit_version: str
+    max_length: int
+
+
+class DataManifest(_ManifestRequired, total=False):
+    """data_manifest.json: the data version of a run and everything it was derived from."""
+
+    preference: dict[str, Any]  # preference pairs only: the rejected answers' hashes and version
+
+
+def _tokenizer_identity(tokenizer: Any, revision: str) -> TokenizerIdentity:
     template = tokenizer.chat_template or ""
     return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "model_revision": revision,
             "class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
@@ -200,7 +236,7 @@ def _fill_from_base(card: Card, tokenizer: Any, splits: dict[str, list[dict[str,
 
 
 def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
-            base_answers: BaseAnswers | None = None) -> dict[str, Any]:
+            base_answers: BaseAnswers | None = None) -> DataManifest:
     """Prepare the run's data (or return the existing manifest when it is already prepared).
 
     Writes data/train.jsonl and data/validation.jsonl; the test rows are written nowhere (the
@@ -224,7 +260,7 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
     derived, _ = checked_splits(card, tokenizer, base_answers)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
     version, split_hashes, tokenised = _version(tokenizer, card, splits)  # the chosen answers: see _version
-    manifest = {
+    manifest: DataManifest = {
         "data_version": version,
         "source": derived.source,
         "fields": card.data.fields.model_dump(),

@@ -17,14 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from labkit.core import io
+from labkit.scoring.metrics import score_key
 
 RATINGS = "human_ratings.jsonl"
 CHOICES = ("a", "b", "tie")
-
-
-def score_key(rows: list[dict[str, Any]]) -> str:
-    """The per-example value compared: right or not (labels), field accuracy (JSON), else ROUGE-L."""
-    return next(k for k in ("correct", "field_accuracy", "rouge_l") if k in rows[0])
 
 
 def automatic_preference(base: dict[str, Any], tuned: dict[str, Any], key: str) -> str:

@@ -2,15 +2,57 @@
 
 The reference is the base model (`experiment.target.against: baseline`) or the latest completed run of another
 variant of the same experiment (`against: <variant>`). Answer metrics and run metrics (time, throughput, memory,
-cost: `labkit.evaluate.run_metrics`) are judged alike, each in its good direction.
+cost: `labkit.stages.run_metrics`, passed in under "run") are judged alike, each in its good direction. The
+decision is a `Verdict` (comparison/verdict.json, final/verdict.json): its `primary` check and one `GuardrailCheck`
+per guardrail (and category).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from labkit.card.schema import Card
 from labkit.scoring.metrics import RUN_METRICS, example_key, metric_value
+
+
+class GuardrailCheck(TypedDict):
+    """One guardrail judged (per category for per_category_f1)."""
+
+    guardrail: str  # the rule as the card says it, e.g. "json_valid_rate: max_drop 0.05"
+    metric: str  # the metric, with [category] for a per-category value
+    value: float | None
+    reference: float | None
+    ok: bool
+    why: str  # empty when ok
+
+
+class PrimaryCheck(TypedDict, total=False):
+    """The primary metric judged against the reference (a run not judged yet has metric, ok, reference, baseline and
+    tuned only)."""
+
+    metric: str
+    against: str
+    reference: float | None
+    tuned: float | None
+    baseline: float | None
+    gain: float | None  # in the metric's good direction
+    ratio: float | None
+    min_improvement: float | None
+    max_ratio: float | None
+    min_ratio: float | None
+    ok: bool
+    why: str
+
+
+class Verdict(TypedDict):
+    """The decision on the hypothesis (comparison/verdict.json; final/verdict.json on the test split)."""
+
+    against: str  # "baseline" or a variant
+    reference_run: str | None  # the reference variant's run
+    primary: PrimaryCheck
+    guardrails: list[GuardrailCheck]
+    confirmed: bool
+    verdict: str  # the sentence: CONFIRMED / NOT CONFIRMED / NOT JUDGED …
 
 
 def higher_is_better(name: str) -> bool:
@@ -27,7 +69,7 @@ def _value(metrics: dict[str, Any] | None, name: str) -> Any:
         return None
 
 
-def _judge_value(name: str, value: float | None, ref: float | None, rule: dict[str, Any]) -> dict[str, Any]:
+def _check_value(name: str, value: float | None, ref: float | None, rule: dict[str, Any]) -> dict[str, Any]:
     reasons = []
     if value is None:
         reasons.append("not available for this run")
@@ -54,8 +96,8 @@ def _judge_value(name: str, value: float | None, ref: float | None, rule: dict[s
     return {"metric": name, "value": value, "reference": ref, "ok": not reasons, "why": "; ".join(reasons)}
 
 
-def judge_guardrails(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> list[dict[str, Any]]:
-    """Judge every guardrail of the card (per category for per_category_f1).
+def guardrail_checks(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> list[GuardrailCheck]:
+    """Check every guardrail of the card against the reference (per category for per_category_f1).
 
     Args:
         card: the card (experiment.guardrails).
@@ -64,17 +106,17 @@ def judge_guardrails(card: Card, reference: dict[str, Any], tuned: dict[str, Any
     Returns:
         one row per guardrail (and per category): {"guardrail", "metric", "value", "reference", "ok", "why"}.
     """
-    rows = []
+    rows: list[GuardrailCheck] = []
     for rail in card.experiment.guardrails:
         rule = rail.model_dump()
         label = ", ".join(f"{k} {v}" for k, v in rule.items() if k != "metric" and v is not None)
         value, ref = _value(tuned, rail.metric), _value(reference, rail.metric)
         if isinstance(value, dict):
             for cat in sorted(value):
-                row = _judge_value(f"{rail.metric}[{cat}]", value[cat], (ref or {}).get(cat), rule)
+                row = _check_value(f"{rail.metric}[{cat}]", value[cat], (ref or {}).get(cat), rule)
                 rows.append({"guardrail": f"{rail.metric}: {label}", **row})
         else:
-            rows.append({"guardrail": f"{rail.metric}: {label}", **_judge_value(rail.metric, value, ref, rule)})
+            rows.append({"guardrail": f"{rail.metric}: {label}", **_check_value(rail.metric, value, ref, rule)})
     return rows
 
 
@@ -95,11 +137,11 @@ def paired(reference_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]
     return out
 
 
-def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> dict[str, Any]:
+def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> PrimaryCheck:
     target = card.experiment.target
     name = target.primary_metric
     ref, value = _value(reference, name), _value(tuned, name)
-    out: dict[str, Any] = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
+    out: PrimaryCheck = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
                            "ratio": None, "min_improvement": target.min_improvement, "max_ratio": target.max_ratio,
                            "min_ratio": target.min_ratio}
     reasons = []
@@ -119,7 +161,7 @@ def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> di
 
 
 def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
-            reference: dict[str, Any] | None = None, reference_run: str | None = None) -> dict[str, Any]:
+            reference: dict[str, Any] | None = None, reference_run: str | None = None) -> Verdict:
     """The decision of the experiment on the validation split.
 
     Args:
@@ -129,21 +171,21 @@ def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
         reference: the reference's metrics when target.against names a variant (None: the baseline is the reference).
         reference_run: the reference run's id (against a variant), for the text.
     Returns:
-        {"against", "reference_run", "primary": {...}, "guardrails": [...], "confirmed": bool, "verdict": str}.
+        the Verdict.
     """
     target = card.experiment.target
     against_variant = target.against != "baseline"
     if against_variant and reference is None:
         text = (f"NOT JUDGED: the hypothesis is against variant {target.against!r}, which has no completed run in this "
                 "experiment yet; run that card, then `labkit compare` judges this run again.")
-        primary = {"metric": target.primary_metric, "ok": False, "reference": None,
+        primary: PrimaryCheck = {"metric": target.primary_metric, "ok": False, "reference": None,
                    "baseline": _value(baseline, target.primary_metric), "tuned": _value(tuned, target.primary_metric)}
         return {"against": target.against, "reference_run": None, "primary": primary,
                 "guardrails": [], "confirmed": False, "verdict": text}
     ref = reference if against_variant else baseline
     primary = _primary(card, ref, tuned)
     primary["baseline"] = _value(baseline, target.primary_metric)
-    rails = judge_guardrails(card, ref, tuned)
+    rails = guardrail_checks(card, ref, tuned)
     failed = [r for r in rails if not r["ok"]]
     confirmed = primary["ok"] and not failed
     who = f"variant {target.against} (run {reference_run})" if against_variant else "the baseline"

@@ -27,12 +27,12 @@ from labkit.core.protocol import (
     run_protocol,
 )
 from labkit.errors import MissingInput
-from labkit.evaluate.run_metrics import run_metrics
 from labkit.evaluate.verdict import paired, verdict
 from labkit.experiment.final import openings
 from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
+from labkit.stages.run_metrics import run_metrics
 
 __all__ = ["compare_experiment", "fmt_interval", "summary_rows"]
 
@@ -52,7 +52,8 @@ def _latest(rows: list[dict[str, Any]], variant: str) -> dict[str, Any] | None:
     return done[-1] if done else None
 
 
-def _judge(row: dict[str, Any], rows: list[dict[str, Any]], card: Card, names: list[str], bootstrap: dict[str, Any]) -> None:
+def _judge_variant_row(row: dict[str, Any], rows: list[dict[str, Any]], card: Card, names: list[str],
+                       bootstrap: dict[str, Any]) -> None:
     """Verdict, intervals and paired view of one run against its card's reference, into the row."""
     target = card.experiment.target
     tuned = {**row["tuned_metrics"], "run": row["run_metrics"]}
@@ -136,7 +137,7 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         if row["run_id"] in cards:
             card = cards[row["run_id"]]
             names = [row["primary_metric"], *row["guardrail_metrics"]]
-            _judge(row, rows, card, [n for n in names if n not in RUN_METRICS] or ["exact_match"], bootstrap)
+            _judge_variant_row(row, rows, card, [n for n in names if n not in RUN_METRICS] or ["exact_match"], bootstrap)
     pairs = pairwise(rows, bootstrap)
     for row in rows:  # the per-example rows served the statistics; the comparison keeps their results only
         for key in ("base_rows", "tuned_rows", "baseline_metrics", "tuned_metrics"):

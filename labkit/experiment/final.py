@@ -37,11 +37,12 @@ from labkit.errors import (
     UsageError,
 )
 from labkit.evaluate.procedure import evaluate_rows
-from labkit.evaluate.run_metrics import run_metrics
-from labkit.evaluate.verdict import verdict as judge
+from labkit.evaluate.verdict import verdict
 from labkit.model.loading import baseline_quantize
-from labkit.stages.comparison import load_tuned
+from labkit.model.tuned import load_tuned
 from labkit.stages.context import Stage
+from labkit.stages.records import ADAPTER
+from labkit.stages.run_metrics import run_metrics
 
 FILES = ("baseline_predictions.jsonl", "tuned_predictions.jsonl", "baseline_metrics.json", "tuned_metrics.json",
          "verdict.json", "opening.json")
@@ -284,7 +285,8 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
         base_model = stage.load_model(quantize=baseline_quantize(stage.card))  # as the baseline stage measures it
         base_rows, base_metrics = evaluate_rows(base_model, stage.tokenizer, stage.card, rows, "baseline")
         del base_model
-        tuned_model = load_tuned(stage)  # as the comparison stage measures it
+        tuned_model = load_tuned(stage.model_source, stage.card, run.dir / "training" / ADAPTER,
+                                 stage.device)  # as the comparison stage measures it
         tuned_rows, tuned_metrics = evaluate_rows(tuned_model, stage.tokenizer, stage.card, rows, "tuned")
         del tuned_model
     except BaseException as exc:
@@ -294,7 +296,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
                             "--why \"...\")") from None
         raise
     tuned_metrics["run"] = run_metrics(run.dir, loaded.card.budget.price_per_gpu_hour)  # as stage 05 has them
-    decision = judge(loaded.card, base_metrics, tuned_metrics)
+    decision = verdict(loaded.card, base_metrics, tuned_metrics)
     opening = {"experiment": run.experiment, "run_id": run.run_id, "who": who, "when": opened["time"],
                "reopen": opened["reopen"], "why": why, "opening": number, "test_rows": len(rows),
                "test_sha256": manifest["split"]["sha256"]["test"], "data_version": manifest["data_version"],

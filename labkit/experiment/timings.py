@@ -20,6 +20,7 @@ import yaml
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import MissingInput
+from labkit.stages.records import LOG_HISTORY, OUTCOME
 
 INITIAL = ("baseline", "preprocessing", "parameter_check")
 NOTHING = ("nothing measured for {what} under {root}: run `labkit stage parameter_check {card}` first "
@@ -51,20 +52,18 @@ def _device(env: dict[str, Any]) -> str:
     return f"CPU {env.get('machine', '?')}, {env.get('cpu_count', '?')} cores, {env.get('memory_gib', '?')} GiB, no GPU"
 
 
-def _trained(run_dir: Path, summary: dict[str, Any]) -> tuple[float, int, str] | None:
-    """(training runtime in s, optimiser steps trained in that session, file read) of a run's stage 04, if measured."""
-    outcome = _read(run_dir / "training" / "outcome.json")
-    history = run_dir / "training" / "log_history.jsonl"
-    runtime, steps, resumed, how = None, 0, summary.get("resumed_from"), "training/summary.json"
+def _trained(run_dir: Path) -> tuple[float, int, str] | None:
+    """(training runtime in s, optimiser steps trained in that session, file read) of a run's stage 04, if measured:
+    from training/outcome.json as training wrote it, else from its log history."""
+    outcome = _read(run_dir / "training" / OUTCOME)
+    history = run_dir / "training" / LOG_HISTORY
+    runtime, steps, resumed, how = None, 0, outcome.get("resumed_from"), f"training/{OUTCOME}"
     if (outcome.get("metrics") or {}).get("train_runtime") and outcome.get("steps"):
-        runtime, steps, resumed = outcome["metrics"]["train_runtime"], outcome["steps"], outcome.get("resumed_from")
-        how = "training/outcome.json"
-    elif summary.get("train_seconds") and summary.get("steps"):
-        runtime, steps = summary["train_seconds"], summary["steps"]
+        runtime, steps = outcome["metrics"]["train_runtime"], outcome["steps"]
     elif history.exists():
         rows = io.read_jsonl(history)
         runtime = next((r["train_runtime"] for r in reversed(rows) if "train_runtime" in r), None)
-        steps, how = max((r.get("step", 0) for r in rows), default=0), "training/log_history.jsonl"
+        steps, how = max((r.get("step", 0) for r in rows), default=0), f"training/{LOG_HISTORY}"
     match = re.search(r"checkpoint-(\d+)", str(resumed or ""))  # a resumed session trained only the steps after it
     trained = steps - (int(match.group(1)) if match else 0)
     return (float(runtime), trained, how) if runtime and trained > 0 else None
@@ -84,7 +83,7 @@ def _run_measures(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]
     if starts:  # papermill's wall time of a stage minus the stage's own seconds: kernel start and imports
         m["process_start"] = statistics.median(starts)
     m["baseline_cached"] = bool(summaries["baseline"].get("cached"))
-    trained = _trained(run_dir, summaries["training"])
+    trained = _trained(run_dir)
     if trained:
         m["train_step"] = trained[0] / trained[1]
         m["train_how"] = f"{trained[2]}: {trained[0]:.1f} s / {trained[1]} steps"

@@ -16,10 +16,10 @@ from typing import Any
 
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.data.lengths import length_stats
 from labkit.data.prepare import load_split
 from labkit.data.prompting import encode_rows
 from labkit.export.hub_card import front_matter
-from labkit.stages.preprocessing import length_stats
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
 PER_EXAMPLE = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}

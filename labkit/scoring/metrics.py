@@ -5,7 +5,7 @@ value behind each metric), then aggregated overall and per category. Label metri
 definitions: accuracy is the share of exact answers; per-class precision, recall and F1 are
 `precision_recall_fscore_support(y_true, y_pred, labels=reference_labels)`; macro-F1 is their unweighted mean over
 the labels present in the references. ROUGE and the length ratio: `labkit.scoring.rouge`. Run metrics (time, throughput, memory, cost) are not computed from answers:
-`labkit.evaluate.run_metrics` reads them from a run's stage 03/04 files.
+`labkit.stages.run_metrics` reads them from a run's stage 03/04 files.
 """
 
 from __future__ import annotations
@@ -240,6 +240,28 @@ def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any],
 def example_key(metric: str) -> str | None:
     """The per-example value behind a metric (None for run metrics, which have no per-example value)."""
     return EXAMPLE_KEYS.get(metric)
+
+
+# the per-example score of a row, first found: the category right or not, JSON field accuracy, text ROUGE-L
+SCORE_KEYS = ("correct", "field_accuracy", "rougeL")
+
+
+def score_key(rows: list[dict[str, Any]]) -> str:
+    """The per-example score that example tables and the blind A/B items compare, whatever the primary metric:
+    right or not where the rows have a category to predict (a label card; a JSON card with its category key), else
+    field accuracy (JSON), else ROUGE-L (text).
+
+    Args:
+        rows: scored rows (`score_predictions`); the first one decides.
+    Returns:
+        the key, one of SCORE_KEYS.
+    Raises:
+        KeyError: the rows carry none of them (not scored rows).
+    """
+    found = next((k for k in SCORE_KEYS if k in rows[0]), None)
+    if found is None:
+        raise KeyError(f"the rows carry no per-example score ({', '.join(SCORE_KEYS)}): are they scored rows?")
+    return found
 
 
 def metric_value(metrics: dict[str, Any], name: str) -> float | dict[str, float]:

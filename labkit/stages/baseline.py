@@ -1,22 +1,44 @@
 """Stage 01 (notebooks/01_baseline.ipynb): measure the base model on the held-out split before any training.
 
 The baseline of an experiment is cached by the hash of (model revision, evaluation data, evaluation
-procedure) and shared by its variants.
+procedure) and shared by its variants. `run_baseline` writes baseline_predictions.jsonl, baseline_metrics.json and
+baseline_key.json; `decide` records the stage done with the number the tuned model has to beat.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from typing import Any
+from typing import Any, TypedDict, cast
 
+from labkit.card.schema import Card
 from labkit.core import io
 from labkit.data.sources import sha256_text
 from labkit.evaluate.procedure import evaluate_rows
 from labkit.model.loading import baseline_numerics, baseline_quantize
+from labkit.scoring.metrics import RUN_METRICS
+from labkit.stages.context import Stage
+from labkit.stages.records import BASELINE_KEY, BASELINE_METRICS, BASELINE_PREDICTIONS, BaselineSummary
 
 
-def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+class Baseline(TypedDict):
+    """The base model's measurement (`run_baseline`)."""
+
+    metrics: dict[str, Any]  # aggregated (baseline_metrics.json)
+    rows: list[dict[str, Any]]  # per example, with scores (baseline_predictions.jsonl)
+    cached: bool  # the experiment's cached measurement of the same thing was reused
+    key: str  # the cache key (`baseline_key`)
+
+
+class Target(TypedDict):
+    """What the tuned model must reach (`target_statement`)."""
+
+    baseline: float | None  # None for a run metric
+    needed: float | None  # None unless min_improvement against the baseline
+    text: str  # markdown
+
+
+def evaluate(stage: Stage, model: Any, label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Generate on the card's evaluation split and score; save `<label>_predictions.jsonl` and `<label>_metrics.json`.
 
     Args:
@@ -33,7 +55,7 @@ def evaluate(stage: Any, model: Any, label: str) -> tuple[list[dict[str, Any]], 
     return scored, metrics
 
 
-def baseline_key(stage: Any) -> str:
+def baseline_key(stage: Stage) -> str:
     """Hash of what makes two baselines the same measurement."""
     manifest = stage.prepare_data()
     card = stage.card  # after preparation: eval.max_new_tokens sized from the data when the card leaves it out
@@ -51,17 +73,17 @@ def baseline_key(stage: Any) -> str:
     return sha256_text(json.dumps(what, sort_keys=True))[:16]
 
 
-def run_baseline(stage: Any) -> dict[str, Any]:
+def run_baseline(stage: Stage) -> Baseline:
     """Measure the base model (or reuse this experiment's cached measurement of the same thing).
 
     Args:
         stage: the open baseline Stage.
     Returns:
-        {"metrics", "rows", "cached": bool, "key"}.
+        the Baseline; baseline_predictions.jsonl, baseline_metrics.json and baseline_key.json are written.
     """
     key = baseline_key(stage)
     cache = stage.run.root / stage.run.experiment / "_baseline" / key
-    files = ("baseline_predictions.jsonl", "baseline_metrics.json")
+    files = (BASELINE_PREDICTIONS, BASELINE_METRICS)
     if all((cache / f).exists() for f in files):
         for name in files:
             shutil.copyfile(cache / name, stage.path(name))
@@ -77,22 +99,20 @@ def run_baseline(stage: Any) -> dict[str, Any]:
         cached = False
     rows = io.read_jsonl(stage.path(files[0]))
     metrics = io.read_json(stage.path(files[1]))
-    stage.save_json("baseline_key.json", {"key": key, "cached": cached, "cache": str(cache),
-                                          "numerics": baseline_numerics(stage.card, stage.device)})
+    stage.save_json(BASELINE_KEY, {"key": key, "cached": cached, "cache": str(cache),
+                                   "numerics": baseline_numerics(stage.card, stage.device)})
     return {"metrics": metrics, "rows": rows, "cached": cached, "key": key}
 
 
-def target_statement(card: Any, metrics: dict[str, Any]) -> dict[str, Any]:
+def target_statement(card: Card, metrics: dict[str, Any]) -> Target:
     """What the tuned model must reach, said from the baseline (run metrics and a variant reference: said later).
 
     Args:
         card: the card (experiment.target).
         metrics: the baseline's metrics.
     Returns:
-        {"baseline" (None for a run metric), "needed" (None unless min_improvement against the baseline), "text"}.
+        the Target.
     """
-    from labkit.scoring.metrics import RUN_METRICS
-
     target = card.experiment.target
     base = None if target.primary_metric in RUN_METRICS else metrics["overall"][target.primary_metric]
     needed = base + target.min_improvement if base is not None and target.min_improvement is not None else None
@@ -104,3 +124,18 @@ def target_statement(card: Any, metrics: dict[str, Any]) -> dict[str, Any]:
                  "procedure, with every guardrail passing." if needed is not None and target.against == "baseline"
                  else f"The hypothesis is judged in stage 05 against {target.against}.")
     return {"baseline": base, "needed": needed, "text": text}
+
+
+def decide(stage: Stage) -> BaselineSummary:
+    """Stage 01's decision, from the files `run_baseline` wrote: the number to beat, recorded with the stage.
+
+    Args:
+        stage: the open baseline Stage.
+    Returns:
+        the summary written to baseline/summary.json.
+    """
+    target = stage.card.experiment.target
+    goal = target_statement(stage.card, stage.read(stage.name, BASELINE_METRICS))
+    return cast(BaselineSummary, stage.done(
+        primary_metric=target.primary_metric, baseline=goal["baseline"], needed=goal["needed"], against=target.against,
+        cached=stage.read(stage.name, BASELINE_KEY)["cached"], data_version=stage.prepare_data()["data_version"]))

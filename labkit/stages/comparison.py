@@ -1,25 +1,37 @@
 """Stage 05 (notebooks/05_comparison.ipynb): the tuned model under the baseline's evaluation, side by side.
 
-The verdict on the hypothesis is `labkit.evaluate.verdict`; the comparison with the experiment's other
-variants is `labkit.experiment.compare`.
+The stage writes tuned_predictions.jsonl and tuned_metrics.json (`evaluate_tuned`), paired.json and
+concentration.json (`paired_view`), verdict.json and the run metrics (`judge_run`), experiment.json
+(`record_experiment`) and its summary (`decide`, from verdict.json). The verdict on the hypothesis is
+`labkit.evaluate.verdict`; the comparison with the experiment's other variants is `labkit.experiment.compare`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from labkit.errors import MissingInput
-from labkit.evaluate.run_metrics import reference_metrics, reference_run, run_metrics
-from labkit.evaluate.verdict import verdict
-from labkit.model.loading import load_model
-from labkit.model.sources import ResolvedModel
+from labkit.evaluate.verdict import Verdict, paired, verdict
+from labkit.model.tuned import load_tuned
+from labkit.scoring.bootstrap import concentration_for
+from labkit.scoring.metrics import score_key
 from labkit.stages.baseline import evaluate
+from labkit.stages.context import Stage
+from labkit.stages.records import (
+    ADAPTER,
+    CONCENTRATION,
+    EXPERIMENT,
+    PAIRED,
+    TUNED_METRICS,
+    VERDICT,
+    ComparisonSummary,
+)
+from labkit.stages.run_metrics import reference_metrics, reference_run, run_metrics
 
-# peft takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks start
-# fast
+__all__ = ["concentration_text", "decide", "evaluate_tuned", "examples_table", "failing_table", "judge_run",
+           "paired_view", "record_experiment", "score_key"]
 
 
-def evaluate_tuned(stage: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def evaluate_tuned(stage: Stage) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The tuned model under the baseline's procedure: the card's evaluation split, prompts, decoding and metrics.
 
     Args:
@@ -28,27 +40,12 @@ def evaluate_tuned(stage: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         (per-example rows with scores, aggregated metrics), also saved as tuned_predictions.jsonl and
         tuned_metrics.json.
     """
-    return evaluate(stage, load_tuned(stage), "tuned")
+    model = load_tuned(stage.model_source, stage.card, stage.run.dir / "training" / ADAPTER, stage.device)
+    return evaluate(stage, model, "tuned")
 
 
-def load_tuned(stage: Any) -> Any:
-    """The base model with this run's trained adapter (or the fully trained model for method full)."""
-    from peft import PeftModel
-
-    adapter = stage.run.dir / "training" / "adapter"
-    if not adapter.exists():
-        raise MissingInput(f"{adapter} is missing: run the training stage of this run first")
-    if stage.card.method.kind == "full":
-        return load_model(ResolvedModel(stage.model_source.source, "local", str(adapter), stage.model_source.revision),
-                          stage.card, stage.device)
-    base = stage.load_model()
-    model = PeftModel.from_pretrained(base, str(adapter))
-    model.eval()
-    return model
-
-
-def judge(stage: Any, baseline_metrics: dict[str, Any], tuned_metrics: dict[str, Any]) -> dict[str, Any]:
-    """The verdict against the card's reference (the baseline, or a sibling variant's latest completed run).
+def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dict[str, Any]) -> Verdict:
+    """This run's verdict against the card's reference (the baseline, or a sibling variant's latest completed run).
 
     The run metrics of this run (time, throughput, memory, cost) are added to tuned_metrics.json under "run".
 
@@ -61,7 +58,7 @@ def judge(stage: Any, baseline_metrics: dict[str, Any], tuned_metrics: dict[str,
     """
     price = stage.card.budget.price_per_gpu_hour
     tuned_metrics["run"] = run_metrics(stage.run.dir, price)
-    stage.save_json("tuned_metrics.json", tuned_metrics)
+    stage.save_json(TUNED_METRICS, tuned_metrics)
     against = stage.card.experiment.target.against
     reference, ref_id = None, None
     if against != "baseline":
@@ -69,13 +66,33 @@ def judge(stage: Any, baseline_metrics: dict[str, Any], tuned_metrics: dict[str,
         if row is not None:
             reference, ref_id = reference_metrics(row["dir"], price), row["run_id"]
     decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id)
-    stage.save_json("verdict.json", decision)
+    stage.save_json(VERDICT, decision)
     return decision
 
 
-def score_key(rows: list[dict[str, Any]]) -> str:
-    """The per-example score shown in the example tables: right or not (labels), field accuracy (JSON), else ROUGE-L."""
-    return next(k for k in ("correct", "field_accuracy", "rougeL") if k in rows[0])
+def record_experiment(stage: Stage, experiment: dict[str, Any]) -> None:
+    """Keep the comparison of the experiment's variants as this stage saw it (experiment.json).
+
+    Args:
+        stage: the open comparison Stage.
+        experiment: `labkit.experiment.compare.compare_experiment`'s result (the layer above the stages).
+    """
+    stage.save_json(EXPERIMENT, experiment)
+
+
+def decide(stage: Stage) -> ComparisonSummary:
+    """Stage 05's record, from verdict.json (`judge_run` wrote it): confirmed or not, the primary metric, the sentence.
+
+    Args:
+        stage: the open comparison Stage.
+    Returns:
+        the summary written to comparison/summary.json.
+    Raises:
+        MissingInput: the verdict has not been written.
+    """
+    decision: Verdict = stage.read(stage.name, VERDICT)
+    return cast(ComparisonSummary, stage.done(confirmed=decision["confirmed"], primary=decision["primary"],
+                                              verdict=decision["verdict"]))
 
 
 def _side_by_side(row: dict[str, Any], base: dict[str, Any], key: str) -> dict[str, Any]:
@@ -109,21 +126,18 @@ def concentration_text(found: dict[str, Any] | None, metric: str) -> str:
     return ("**Concentrated:** " + "; ".join(flags) + "." if flags else "Not concentrated: " + found["statement"] + ".")
 
 
-def paired_view(stage: Any, base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]]) -> str:
+def paired_view(stage: Stage, base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]]) -> str:
     """Wins / losses / ties against the baseline on the primary metric's per-example value and where the gain comes
     from; saved as paired.json and concentration.json.
 
     Returns:
         the statement, with its numbers (markdown).
     """
-    from labkit.evaluate.verdict import paired
-    from labkit.scoring.bootstrap import concentration_for
-
     primary = stage.card.experiment.target.primary_metric
     pairs = paired(base_rows, tuned_rows, primary)
-    stage.save_json("paired.json", pairs)
+    stage.save_json(PAIRED, pairs)
     found = concentration_for(base_rows, tuned_rows, primary)
-    stage.save_json("concentration.json", found)
+    stage.save_json(CONCENTRATION, found)
     where = concentration_text(found, primary)
     if not pairs["key"]:
         return where

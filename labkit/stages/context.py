@@ -130,6 +130,11 @@ class Stage:
         io.write_jsonl(self.path(name), rows)
         return self.path(name)
 
+    def save_text(self, name: str, text: str) -> Path:
+        """Write a text file (an HTML page) into this stage's folder (atomically) and return its path."""
+        io.write_atomic(self.path(name), text)
+        return self.path(name)
+
     def read(self, stage: str, name: str) -> Any:
         """Read a data file another stage wrote (JSON or JSONL), with a clear error when it is missing."""
         path = self.run.dir / stage / name

@@ -1,40 +1,126 @@
-"""Stage 02's view of the data after the full preprocessing: lengths, checks, samples, planted problems."""
+"""Stage 02 (notebooks/02_preprocessing.ipynb): the data after the full preprocessing — lengths, checks, samples,
+planted problems against found ones.
+
+`inspect(stage)` computes and writes everything the notebook shows (category_counts.json, planted_check.json for
+a built-in data set, checks.json, lengths.json, samples.html) and returns it as an `Inspection`; `decide(stage)`
+stops the stage on a failed check, else records it done from those files. The cells only show and explain.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 from labkit.card.schema import Card
-from labkit.data.checks import raise_on_failed, run_checks  # noqa: F401 - stage 02's checks; stage 01 runs them first
+from labkit.data.checks import raise_on_failed, run_checks
+from labkit.data.lengths import LengthStats, length_stats
+from labkit.data.prepare import DataManifest
 from labkit.data.prompting import Encoded, encode_example
 from labkit.model.loading import chatml_ids
+from labkit.show.tokens import render_page
+from labkit.stages.context import Stage
+from labkit.stages.records import (
+    CATEGORY_COUNTS,
+    CHECKS,
+    CLEANING,
+    LEAKAGE,
+    LENGTHS,
+    PLANTED,
+    PLANTED_CHECK,
+    SAMPLES,
+    PreprocessingSummary,
+)
+
+__all__ = ["Inspection", "category_counts", "decide", "inspect", "model_checks", "pick_samples", "planted_vs_found",
+           "raise_on_failed", "run_checks"]
 
 # transformers takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
 # checks start fast
 
 
+@dataclass
+class Inspection:
+    """What stage 02 found, as its files hold it.
+
+    Attributes:
+        manifest: the data manifest (data_manifest.json).
+        splits: the prepared train and validation rows.
+        counts: rows per category in each split (category_counts.json).
+        leakage: the duplicate pairs and the policy applied (leakage.json, written by the preparation).
+        planted: the built-in generator's planted problems against what was found (planted_check.json); None for
+            other data.
+        encoded: every row encoded as training encodes it, per split.
+        checks: the encoding and model checks (checks.json), one row per split and check.
+        lengths: token lengths per split (lengths.json).
+        samples: the picked samples, (title, encoding), in display order.
+        page: the samples rendered as HTML (samples.html).
+    """
+
+    manifest: DataManifest
+    splits: dict[str, list[dict[str, Any]]]
+    counts: dict[str, dict[str, int]]
+    leakage: dict[str, Any]
+    planted: dict[str, Any] | None
+    encoded: dict[str, list[Encoded]]
+    checks: list[dict[str, Any]]
+    lengths: dict[str, LengthStats]
+    samples: list[tuple[str, Encoded]]
+    page: str
+
+
+def inspect(stage: Stage, per_category: int = 2) -> Inspection:
+    """Look at the prepared data and write what stage 02 shows (nothing is decided here: see `decide`).
+
+    Args:
+        stage: the open preprocessing Stage.
+        per_category: samples rendered per category (plus the longest and the shortest training row).
+    Returns:
+        the Inspection; its files are in the stage's folder.
+    """
+    manifest = stage.prepare_data()
+    splits = {name: stage.split(name) for name in ("train", "validation")}
+    counts = category_counts(splits)
+    stage.save_json(CATEGORY_COUNTS, counts)
+    leaks = stage.read(stage.name, LEAKAGE)
+    planted = None
+    if stage.path(PLANTED).exists():  # the built-in data set knows what it planted
+        planted = planted_vs_found(stage.read(stage.name, PLANTED), leaks, stage.read(stage.name, CLEANING))
+        stage.save_json(PLANTED_CHECK, planted)
+    encoded, checks = run_checks(stage.tokenizer, stage.card, splits)
+    checks += model_checks(stage.model_source, stage.tokenizer, stage.card)
+    lengths = length_stats(stage.card, encoded)
+    stage.save_json(CHECKS, checks)
+    stage.save_json(LENGTHS, lengths)
+    samples = pick_samples(splits, encoded, per_category=per_category)
+    page = render_page(stage.tokenizer, samples)
+    stage.save_text(SAMPLES, page)
+    return Inspection(manifest=manifest, splits=splits, counts=counts, leakage=leaks, planted=planted, encoded=encoded,
+                      checks=checks, lengths=lengths, samples=samples, page=page)
+
+
+def decide(stage: Stage) -> PreprocessingSummary:
+    """Stage 02's decision, from the files `inspect` wrote: stop on a failed check, else record the stage done.
+
+    Args:
+        stage: the open preprocessing Stage.
+    Returns:
+        the summary written to preprocessing/summary.json.
+    Raises:
+        PreprocessingCheckFailed: a check failed (naming the check and the offending rows).
+    """
+    checks = stage.read(stage.name, CHECKS)
+    raise_on_failed(checks)
+    manifest = stage.prepare_data()
+    leaks = stage.read(stage.name, LEAKAGE)
+    return cast(PreprocessingSummary, stage.done(
+        data_version=manifest["data_version"], sizes=manifest["split"]["sizes"], duplicate_pairs=len(leaks["pairs"]),
+        cross_split_pairs=leaks["cross_split_pairs"], checks_ok=all(c["ok"] for c in checks)))
+
+
 def category_counts(splits: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
     """Rows per category in each split."""
     return {name: dict(sorted(Counter(str(r.get("category")) for r in rows).items())) for name, rows in splits.items()}
-
-
-def length_stats(card: Card, encoded: dict[str, list[Encoded]]) -> dict[str, Any]:
-    """Token lengths per split: quantiles, truncation rate, share of rows whose completion was cut."""
-    out: dict[str, Any] = {}
-    for split, encs in encoded.items():
-        lengths = sorted(e.full_len for e in encs)
-        if not lengths:
-            continue
-        cut = [e for e in encs if e.truncated and e.full_len - card.data.max_length > 0]
-        out[split] = {
-            "rows": len(lengths), "min": lengths[0], "p50": lengths[len(lengths) // 2],
-            "p95": lengths[min(len(lengths) - 1, int(0.95 * len(lengths)))], "max": lengths[-1],
-            "truncated_rate": sum(e.truncated for e in encs) / len(encs),
-            "completion_cut_rate": sum(e.prompt_len < card.data.max_length for e in cut) / len(encs),
-            "prompt_only_rate": sum(e.prompt_len >= card.data.max_length for e in encs) / len(encs),
-        }
-    return out
 
 
 def _eos_ids(value: Any) -> set[int]:

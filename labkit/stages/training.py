@@ -3,8 +3,8 @@
 `run(stage)` trains in the kernel for `distributed.launcher: none`; for `accelerate` it writes an
 accelerate config next to the run's data (archived with the run) and launches
 `python -m labkit.cli.worker train RUN_DIR` on every process, each building the same trainer. Either
-way rank 0 writes `training/outcome.json`, `log_history.jsonl` and the adapter, and the stage reads
-those files, never process output.
+way rank 0 writes `training/outcome.json` (a `TrainingOutcome`), `log_history.jsonl` and the adapter, and the stage
+reads those files, never process output: `finish(stage)` records the stage done from them.
 
 The worker process is `labkit.cli.worker` (`accelerate launch --config_file … -m labkit.cli.worker train RUN_DIR`).
 """
@@ -15,7 +15,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psutil
 
@@ -23,6 +23,17 @@ from labkit.core import io
 from labkit.data.prompting import encode_rows
 from labkit.errors import TrainingInterrupted
 from labkit.model.method import apply_method
+from labkit.stages.context import Stage
+from labkit.stages.records import (
+    ACCELERATE_CONFIG,
+    ADAPTER,
+    CHECKPOINTS,
+    LOG_HISTORY,
+    OUTCOME,
+    PACKING_CHECK,
+    TrainingOutcome,
+    TrainingSummary,
+)
 from labkit.train.distributed import accelerate_config, launch_command
 from labkit.train.packing import isolation_check
 from labkit.train.resilience import last_checkpoint
@@ -32,14 +43,13 @@ from labkit.train.trainer import build_trainer, loss_history
 # `labkit` commands and card checks start fast
 
 
-def train(stage: Any) -> dict[str, Any]:
+def train(stage: Stage) -> TrainingOutcome:
     """Train the card's method on the run's training split, continuing from the newest checkpoint.
 
     Args:
         stage: the training Stage (card, run, tokenizer, data, device).
     Returns:
-        the outcome: {"steps", "metrics", "budget_exhausted", "interrupted", "resumed_from", "world_size",
-        "best_step", "early_stopped", "early_stopping" (labkit.train.early_stopping.summary, or None)}.
+        the outcome (written to training/outcome.json by rank 0).
     """
     from labkit.train.early_stopping import summary as early_stopping_summary
 
@@ -48,68 +58,90 @@ def train(stage: Any) -> dict[str, Any]:
     if card.train.packing:
         _check_packing(stage, model)
     validation = stage.split("validation")
-    trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path("trainer"),
+    trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path(CHECKPOINTS),
                             eval_rows=validation, device=stage.device, checkpoints=True)
-    resume_from = last_checkpoint(stage.path("trainer"))
+    resume_from = last_checkpoint(stage.path(CHECKPOINTS))
     if trainer.is_world_process_zero():
         print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
     result = trainer.train(resume_from_checkpoint=resume_from)
-    interrupted = trainer.labkit_interruption.report(stage.path("trainer"), stage.run.run_id)
-    outcome = {"steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
-               "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
-               "interrupted": interrupted, "best_step": trainer.state.best_global_step,
-               "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None}
+    interrupted = trainer.labkit_interruption.report(stage.path(CHECKPOINTS), stage.run.run_id)
+    outcome: TrainingOutcome = {
+        "steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
+        "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
+        "interrupted": interrupted, "best_step": trainer.state.best_global_step,
+        "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None,
+        "early_stopped": False, "early_stopping": None}
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
                                     and not outcome["budget_exhausted"] and not interrupted)
     # which checkpoint became the adapter, and why (the metric's value at each evaluation)
     outcome["early_stopping"] = early_stopping_summary(trainer.state, card, len(validation), outcome["early_stopped"])
-    adapter_dir = stage.path("adapter")
+    adapter_dir = stage.path(ADAPTER)
     if not outcome["interrupted"]:  # every rank: under FSDP / ZeRO-3 the state is gathered collectively (rank 0 writes)
         trainer.save_model(str(adapter_dir))
     if trainer.is_world_process_zero():
-        stage.save_jsonl("log_history.jsonl", loss_history(trainer))
+        stage.save_jsonl(LOG_HISTORY, loss_history(trainer))
         if not outcome["interrupted"]:
             stage.tokenizer.save_pretrained(adapter_dir)
             save_adapter_info(adapter_dir, stage)
-        stage.save_json("outcome.json", outcome)
+        stage.save_json(OUTCOME, outcome)
     return outcome
 
 
-def _check_packing(stage: Any, model: Any) -> None:
+def _check_packing(stage: Stage, model: Any) -> None:
     """Before training packed: each of a few examples must have the same loss packed as alone."""
     examples = [{"input_ids": e.input_ids, "labels": e.labels}
                 for e in encode_rows(stage.tokenizer, stage.card, stage.split("train")[:6])]
     check = isolation_check(model, examples, stage.card.data.max_length)
-    stage.save_json("packing_check.json", check)
+    stage.save_json(PACKING_CHECK, check)
     if not check["ok"]:
         raise RuntimeError(f"packing would let examples attend to each other: a packed example's loss differs by "
                            f"{check['max_difference']:.2e} (tolerance {check['tolerance']:.0e}); set train.packing: false")
 
 
-def run(stage: Any) -> dict[str, Any]:
+def run(stage: Stage) -> TrainingOutcome:
     """Train for the stage: in this process, or through `accelerate launch` as the card says.
 
     Returns:
-        the outcome written by rank 0.
+        the outcome written by rank 0 (training/outcome.json).
     Raises:
         TrainingInterrupted: a signal stopped training after a checkpoint.
         RuntimeError: the launched training failed (with the end of its output).
     """
-    outcome_path = stage.path("outcome.json")
+    outcome_path = stage.path(OUTCOME)
     outcome_path.unlink(missing_ok=True)
     if stage.card.distributed.launcher == "accelerate":
         _launch(stage)
     else:
         train(stage)
-    outcome = io.read_json(outcome_path)
+    outcome: TrainingOutcome = io.read_json(outcome_path)
     if outcome["interrupted"]:
         raise TrainingInterrupted(outcome["interrupted"])
     return outcome
 
 
-def _launch(stage: Any) -> None:
+def finish(stage: Stage) -> TrainingSummary:
+    """Stage 04's record, from the files training wrote (outcome.json, log_history.jsonl), never from a cell's values.
+
+    Args:
+        stage: the open training Stage, after `run`.
+    Returns:
+        the summary written to training/summary.json: steps, the trainer, first and last training loss, training
+        seconds (the trainer's train_runtime), processes, the checkpoint resumed from, whether the budget stopped it.
+    Raises:
+        MissingInput: training has not written its outcome.
+    """
+    outcome: TrainingOutcome = stage.read(stage.name, OUTCOME)
+    losses = [r["loss"] for r in stage.read(stage.name, LOG_HISTORY) if "loss" in r]
+    return cast(TrainingSummary, stage.done(
+        steps=outcome["steps"], trainer=stage.card.train.trainer, first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None, train_seconds=outcome["metrics"].get("train_runtime"),
+        world_size=outcome["world_size"], resumed_from=outcome["resumed_from"],
+        budget_exhausted=outcome["budget_exhausted"]))
+
+
+def _launch(stage: Stage) -> None:
     """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers."""
-    config = stage.path("accelerate_config.yaml")
+    config = stage.path(ACCELERATE_CONFIG)
     io.write_atomic(config, accelerate_config(stage.card, stage.device))
     command = launch_command(config, stage.run.dir)
     print("$ " + " ".join(command), flush=True)
@@ -140,7 +172,7 @@ def _launch(stage: Any) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if proc.returncode != 0 and not stage.path("outcome.json").exists():
+    if proc.returncode != 0 and not stage.path(OUTCOME).exists():
         raise RuntimeError(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
 
 
@@ -151,7 +183,7 @@ def _cmdline(process: Any) -> list[str]:
         return []
 
 
-def save_adapter_info(path: Path, stage: Any) -> None:
+def save_adapter_info(path: Path, stage: Stage) -> None:
     """Tie a saved adapter to the exact base model revision (written next to adapter_config.json)."""
     io.write_json(path / "labkit_base_model.json", {"source": stage.model_source.source,
                                                    "revision": stage.model_source.revision,

@@ -210,7 +210,9 @@ def test_item2_labkit_check_shows_parent_diff_and_protocol_and_writes_nothing(tm
 def test_item3_budget_stop_is_a_visible_status(tmp_path: Path, capsys) -> None:
     root = tmp_path / "runs"
     run = R.new_run(load_card(_project(tmp_path)), root)
-    io.write_json(run.dir / "training" / "summary.json", {"steps": 3, "budget_exhausted": True})
+    # training/outcome.json as training writes it; a summary a notebook cell could edit is not read
+    io.write_json(run.dir / "training" / "outcome.json", {"steps": 3, "budget_exhausted": True})
+    io.write_json(run.dir / "training" / "summary.json", {"steps": 3, "budget_exhausted": False})
     budget = runner._budget_stop(run)  # what `labkit run` records when the run completes
     R.record(run, "completed", status="completed", **budget)
     assert main(["--runs", str(root), "runs"]) == 0

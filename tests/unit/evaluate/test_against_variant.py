@@ -1,4 +1,5 @@
-"""Hypotheses against a sibling variant, and run metrics (time, throughput, memory, cost) judged as metrics."""
+"""Hypotheses against a sibling variant, and run metrics (time, throughput, memory, cost) judged as metrics
+(tests/unit/stages/test_run_metrics.py reads them from a run's files)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 from labkit.card.load import load_card
 from labkit.card.schema import Card
 from labkit.errors import CardError
-from labkit.evaluate.run_metrics import run_metrics
 from labkit.evaluate.verdict import verdict
+from labkit.stages.run_metrics import run_metrics
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -40,14 +41,6 @@ def _run(tmp: Path, name: str, seconds: float, epoch: float = 1.0) -> Path:
 def _metrics(field_accuracy: float, valid: float, run: dict | None = None) -> dict:
     return {"n": 10, "overall": {"field_accuracy": field_accuracy, "json_valid_rate": valid}, "per_category": {},
             **({"run": run} if run else {})}
-
-
-def test_run_metrics_from_the_stage_files(tmp_path: Path) -> None:
-    m = run_metrics(_run(tmp_path, "a", 338.0, epoch=2.0), price_per_gpu_hour=3.6)
-    assert m["train_seconds"] == 338.0 and m["steps"] == 63 and m["tokens_seen"] == 100_000
-    assert m["tokens_per_second"] == pytest.approx(100_000 / 338.0)
-    assert m["peak_memory_gib"] == 2.25 and m["cost"] == pytest.approx(338.0 / 3600 * 3.6)
-    assert run_metrics(tmp_path / "nothing")["train_seconds"] is None
 
 
 def test_against_variant_train_seconds_guardrail_refuted_when_the_variant_is_slower(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from labkit.card.load import load_card
-from labkit.evaluate.verdict import judge_guardrails, paired, verdict
+from labkit.evaluate.verdict import guardrail_checks, paired, verdict
 from labkit.scoring.metrics import (
     aggregate,
     parse_json_answer,
@@ -120,6 +120,6 @@ def test_verdict_and_guardrails(repo) -> None:
 def test_guardrail_min_boundary(repo) -> None:
     card = load_card(repo / "params" / "quickstart.yaml").card
     _, base = _metrics([("billing", _t("billing", "low", "X"))] * 19 + [("billing", "x")])
-    rows = judge_guardrails(card, base, base)
+    rows = guardrail_checks(card, base, base)
     valid = next(r for r in rows if r["metric"] == "json_valid_rate")
     assert valid["value"] == 0.95 and valid["ok"]  # min is inclusive

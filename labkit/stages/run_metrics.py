@@ -2,35 +2,47 @@
 
 They are metrics like the answer metrics (a card may name them as primary metric or guardrail), judged against a
 reference run: `experiment.target.against: <variant>` names a sibling variant whose latest completed run is that
-reference (`reference_run`).
+reference (`reference_run`). Stage 05 adds them to tuned_metrics.json under "run"; `labkit compare` and
+`labkit final` read them the same way.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from labkit.core import io
 from labkit.core.protocol import experiment_runs
+from labkit.stages.records import TUNED_METRICS, read_outcome
+
+
+class RunMetrics(TypedDict):
+    """A run's time, throughput, memory and cost (None where its files do not say)."""
+
+    train_seconds: float | None  # the trainer's train_runtime (training/outcome.json)
+    steps: int | None
+    tokens_seen: float | None  # stage 03's training tokens per epoch × the epochs trained
+    tokens_per_second: float | None
+    peak_memory_gib: float | None  # the largest step stage 03 measured
+    cost: float | None  # hours × processes × budget.price_per_gpu_hour
+    predicted_train_seconds: float | None  # stage 03's time plan
 
 
 def _json(path: Path) -> dict[str, Any]:
     return io.read_json(path) if path.exists() else {}
 
 
-def run_metrics(run_dir: Path, price_per_gpu_hour: float = 0.0) -> dict[str, Any]:
-    """The run metrics of a run folder (None where its files do not say).
+def run_metrics(run_dir: Path, price_per_gpu_hour: float = 0.0) -> RunMetrics:
+    """The run metrics of a run folder, from its stage 03 and 04 files.
 
     Args:
         run_dir: the run folder.
         price_per_gpu_hour: the card's budget.price_per_gpu_hour.
     Returns:
-        {"train_seconds", "tokens_per_second", "peak_memory_gib", "cost", "steps", "tokens_seen",
-         "predicted_train_seconds"}: time from training/outcome.json (the trainer's train_runtime), tokens seen from
-        stage 03's count of training tokens per epoch × the epochs trained, peak memory as stage 03 measured it
-        (the largest measured step), cost = hours × processes × price.
+        the RunMetrics.
     """
-    outcome = _json(run_dir / "training" / "outcome.json")
+    outcome: dict[str, Any] = dict(read_outcome(run_dir) or {})
+    # stage 03's files, by their names (labkit.stages.parameter_check writes them)
     fit = _json(run_dir / "parameter_check" / "fit.json").get("plan") or {}
     memory = _json(run_dir / "parameter_check" / "memory.json").get("comparison") or []
     seconds = (outcome.get("metrics") or {}).get("train_runtime")
@@ -56,12 +68,12 @@ def reference_run(root: Path, experiment: str, variant: str) -> dict[str, Any] |
         the registry row ({"run_id", "variant", "status", "dir", ...}) or None.
     """
     done = [r for r in experiment_runs(root, experiment)
-            if r["variant"] == variant and r["status"] == "completed" and (Path(r["dir"]) / "comparison" / "tuned_metrics.json").exists()]
+            if r["variant"] == variant and r["status"] == "completed" and (Path(r["dir"]) / "comparison" / TUNED_METRICS).exists()]
     return done[-1] if done else None
 
 
 def reference_metrics(run_dir: Path, price_per_gpu_hour: float) -> dict[str, Any]:
     """A reference run's tuned metrics (stage 05) with its run metrics under "run"."""
-    metrics = io.read_json(run_dir / "comparison" / "tuned_metrics.json")
+    metrics = io.read_json(run_dir / "comparison" / TUNED_METRICS)
     metrics["run"] = run_metrics(run_dir, price_per_gpu_hour)
     return metrics

@@ -1,0 +1,127 @@
+"""What stages 01, 02, 04 and 05 write: the file names of their folders and the typed records that other modules read.
+
+The stage's module in `labkit.stages` writes every file of its folder and its summary (`Stage.done`); notebook cells
+call, show and explain. This module only names those files and types their content, with identifier keys, and
+imports nothing beyond the standard library (and types), so the command line's budget status, the planner and the
+run metrics read a run folder without loading a model library. The JSON on disk is what these types describe.
+Stage 03's files are named in `labkit.stages.parameter_check`; the data manifest is `labkit.data.prepare`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from labkit.core import io
+
+if TYPE_CHECKING:
+    from labkit.evaluate.verdict import PrimaryCheck
+
+SUMMARY = "summary.json"  # every stage: written by Stage.done
+
+# stage 01 · baseline/
+BASELINE_PREDICTIONS = "baseline_predictions.jsonl"
+BASELINE_METRICS = "baseline_metrics.json"
+BASELINE_KEY = "baseline_key.json"
+
+# stage 02 · preprocessing/ (leakage.json, cleaning.json and planted.json are written by labkit.data.prepare)
+CATEGORY_COUNTS = "category_counts.json"
+PLANTED_CHECK = "planted_check.json"
+CHECKS = "checks.json"
+LENGTHS = "lengths.json"
+SAMPLES = "samples.html"
+LEAKAGE = "leakage.json"
+CLEANING = "cleaning.json"
+PLANTED = "planted.json"
+
+# stage 04 · training/
+OUTCOME = "outcome.json"
+LOG_HISTORY = "log_history.jsonl"
+ADAPTER = "adapter"  # a folder: the adapter (or model), its tokenizer and labkit_base_model.json
+CHECKPOINTS = "trainer"  # a folder: the trainer's checkpoints
+PACKING_CHECK = "packing_check.json"
+ACCELERATE_CONFIG = "accelerate_config.yaml"
+
+# stage 05 · comparison/
+TUNED_PREDICTIONS = "tuned_predictions.jsonl"
+TUNED_METRICS = "tuned_metrics.json"
+VERDICT = "verdict.json"
+PAIRED = "paired.json"
+CONCENTRATION = "concentration.json"
+EXPERIMENT = "experiment.json"
+
+
+class TrainingOutcome(TypedDict):
+    """training/outcome.json: what stage 04's training did (rank 0 writes it; the stage reads it back)."""
+
+    steps: int  # optimiser steps reached (the trainer's global step)
+    metrics: dict[str, float]  # the trainer's own: train_runtime, train_loss, epoch, …
+    resumed_from: str | None  # the checkpoint this session continued from
+    budget_exhausted: bool  # budget.max_minutes stopped training (a checkpoint was written)
+    world_size: int  # processes
+    interrupted: str | None  # a signal stopped training: what and how to continue
+    best_step: int | None
+    best_eval_loss: float | None
+    early_stopped: bool
+    early_stopping: dict[str, Any] | None  # labkit.train.early_stopping.summary
+
+
+class StageSummary(TypedDict):
+    """<stage>/summary.json: the keys `Stage.done` adds to every stage's summary."""
+
+    stage: str
+    seconds: float  # the stage's own wall time, from open_stage to done
+
+
+class BaselineSummary(StageSummary):
+    """baseline/summary.json."""
+
+    primary_metric: str
+    baseline: float | None  # the base model's primary metric (None for a run metric)
+    needed: float | None  # what the tuned model must reach (None unless min_improvement against the baseline)
+    against: str
+    cached: bool  # the experiment's cached measurement was reused
+    data_version: str
+
+
+class PreprocessingSummary(StageSummary):
+    """preprocessing/summary.json."""
+
+    data_version: str
+    sizes: dict[str, int]  # rows per split
+    duplicate_pairs: int
+    cross_split_pairs: int
+    checks_ok: bool
+
+
+class TrainingSummary(StageSummary):
+    """training/summary.json (the numbers come from training/outcome.json and the log history)."""
+
+    steps: int
+    trainer: str
+    first_loss: float | None
+    last_loss: float | None
+    train_seconds: float | None
+    world_size: int
+    resumed_from: str | None
+    budget_exhausted: bool
+
+
+class ComparisonSummary(StageSummary):
+    """comparison/summary.json (from comparison/verdict.json)."""
+
+    confirmed: bool
+    primary: PrimaryCheck
+    verdict: str
+
+
+def read_outcome(run_dir: Path) -> TrainingOutcome | None:
+    """A run's training outcome, or None when stage 04 has not written it.
+
+    Args:
+        run_dir: the run folder.
+    Returns:
+        the content of training/outcome.json.
+    """
+    path = Path(run_dir) / "training" / OUTCOME
+    return io.read_json(path) if path.exists() else None
