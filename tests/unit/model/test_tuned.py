@@ -9,6 +9,8 @@ import torch
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.schema import Full
+from labkit.card.update import updated
 from labkit.errors import MissingInput
 from labkit.model.loading import load_model
 from labkit.model.method import apply_method
@@ -17,7 +19,7 @@ from labkit.model.tuned import load_tuned
 
 @pytest.fixture
 def card():
-    return load_card(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
+    return load_card(REPO / "params" / "smoke.yaml").card
 
 
 def _logits(model) -> torch.Tensor:
@@ -35,7 +37,8 @@ def _trained(model) -> None:
 
 @pytest.mark.parametrize("kind", ["lora", "full"])
 def test_the_saved_model_comes_back(card, tiny_model, tmp_path: Path, kind: str) -> None:
-    card.method.kind = kind
+    if kind == "full":
+        card = updated(card, {"method": Full(kind="full")})
     model = apply_method(load_model(tiny_model, card, "cpu"), card)
     _trained(model)
     model.eval()
