@@ -20,13 +20,14 @@ from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
 from labkit.core.protocol import check_protocol, pin_card
-from labkit.data.checks import check_card_data
+from labkit.data.card_checks import check_card_data
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
 from labkit.evaluate import length
 from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
-from labkit.model.sources import ResolvedModel, check_source, resolve
+from labkit.model.source_spec import check_source
+from labkit.model.sources import ResolvedModel, resolve
 from labkit.preflight.measure import release_promptly
 
 # tqdm, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
