@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
 from labkit.card.schema import Card
 
 IGNORE = -100
@@ -158,7 +160,6 @@ def padding_check(tokenizer: Any, encoded: list[Encoded]) -> tuple[bool, list[in
     usable = [i for i, e in enumerate(encoded) if not e.truncated and e.input_ids]
     if pad != eos or len(usable) < 2:
         return True, []
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # seconds to import: only when pad = EOS
 
     short = min(usable, key=lambda i: len(encoded[i].input_ids))
     long = max(usable, key=lambda i: len(encoded[i].input_ids))

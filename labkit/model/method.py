@@ -10,11 +10,12 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from peft import LoraConfig, get_peft_model
+from transformers import set_seed
+
 from labkit.card.schema import Card
 from labkit.errors import MethodError
-
-# peft, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
+from labkit.model.placement import prepare_kbit
 
 
 def kind_of(name: str) -> str:
@@ -47,8 +48,6 @@ def trainable_tokens(model: Any, card: Card) -> Any:
 def lora_config(card: Card, model: Any = None) -> Any:
     """The peft LoraConfig of a lora/qlora card (target_modules: names, "all-linear", or one regex string; the ChatML
     rows of `trainable_tokens` when the model is given)."""
-    from peft import LoraConfig
-
     m = card.method
     tokens = trainable_tokens(model, card) if model is not None else None
     return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
@@ -73,10 +72,6 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
         for param in model.parameters():
             param.requires_grad_(True)
         return model
-    from peft import get_peft_model
-    from transformers import set_seed
-
-    from labkit.model.placement import prepare_kbit
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
     if method.kind == "qlora" and not meta:

@@ -22,6 +22,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
+from peft import prepare_model_for_kbit_training
+from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
+
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
@@ -56,8 +60,6 @@ class Decisions:
 
 def attention_kernels() -> dict[str, bool]:
     """Which optional attention kernels this installation has: {"flash_attention_2", "flex_attention"}."""
-    from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
-
     return {"flash_attention_2": bool(is_flash_attn_2_available()), "flex_attention": bool(is_torch_flex_attn_available())}
 
 
@@ -203,9 +205,6 @@ def prepare_kbit(model: Any, card: Card) -> Any:
     keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
     hook is needed).
     """
-    import torch
-    from peft import prepare_model_for_kbit_training
-
     if card.method.quantisation.upcast == "all":
         return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
     for name, param in model.named_parameters():
