@@ -14,19 +14,19 @@ from labkit.cli.follow import Tail
 from labkit.cli.signals import Signals
 from labkit.core import io
 from labkit.core import runs as R
-from labkit.core.environment import capture
 from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.progress import ENV as PROGRESS_ENV
 from labkit.core.progress import FILE as PROGRESS_FILE
+from labkit.core.progress import KERNEL_START as PROGRESS_KERNEL_START
 from labkit.core.protocol import check_protocol
-from labkit.data.checks import check_card_data
+from labkit.data.card_checks import check_card_data
 from labkit.errors import MissingInput, ModelSourceError, RunStateError, StageFailed, StageInterrupted
-from labkit.experiment.report import build_report
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
-from labkit.model.sources import check_source
+from labkit.model.source_spec import check_source
 
-# papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
+# `labkit check` reaches this module for `check_card`: what only a run needs — papermill, the environment capture
+# (torch), the experiment report (matplotlib, nbconvert) — is imported inside the function that needs it (the command
+# line is where imports are late; tests/unit/cli/test_fast_start.py).
 
 
 def _say(line: str) -> None:
@@ -70,7 +70,9 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                 kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
                                 # the kernel's own log lines (transport warnings) would drown the progress lines;
                                 # everything the notebook prints or raises is kept in the executed notebook
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL",
+                                                 # plain-text progress bars before a cell imports a library
+                                                 f"--IPKernelApp.exec_lines={PROGRESS_KERNEL_START}"])
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
@@ -178,6 +180,8 @@ def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | Non
 
     LABKIT_REPORT=0 skips it (`labkit compare EXPERIMENT` builds it on demand).
     """
+    from labkit.experiment.report import build_report
+
     if os.environ.get("LABKIT_REPORT") == "0":
         return None
     try:
@@ -206,6 +210,8 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
         StageFailed: a stage failed (the run is recorded as failed).
         KeyboardInterrupt: interrupted (the run is recorded as interrupted).
     """
+    from labkit.core.environment import capture
+
     check_card(loaded, root)  # before anything is created
     run = R.new_run(loaded, root, mode="batch")
     io.write_json(run.dir / "env.json", capture())
@@ -226,6 +232,8 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     Returns:
         the completed Run.
     """
+    from labkit.core.environment import capture
+
     run = R.find_run(run_id, root)
     status = run.status()
     done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
@@ -265,6 +273,8 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
     Returns:
         the Run.
     """
+    from labkit.core.environment import capture
+
     if run_dir:
         run = R.Run(Path(run_dir).resolve())
         if not run.status_path.exists():
