@@ -15,9 +15,9 @@ from labkit.cli.signals import Signals
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.heartbeat import is_dead, start_heartbeat
+from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV
 from labkit.core.progress import FILE as PROGRESS_FILE
-from labkit.core.progress import KERNEL_START as PROGRESS_KERNEL_START
 from labkit.core.protocol import check_protocol
 from labkit.data.card_checks import check_card_data
 from labkit.errors import MissingInput, ModelSourceError, RunStateError, StageFailed, StageInterrupted
@@ -71,8 +71,9 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                 # the kernel's own log lines (transport warnings) would drown the progress lines;
                                 # everything the notebook prints or raises is kept in the executed notebook
                                 extra_arguments=["--IPKernelApp.log_level=CRITICAL",
-                                                 # plain-text progress bars before a cell imports a library
-                                                 f"--IPKernelApp.exec_lines={PROGRESS_KERNEL_START}"])
+                                                 # plain-text bars, library logs to the run's log: before
+                                                 # the first cell imports a library
+                                                 f"--IPKernelApp.exec_lines={start_line(run.dir, stage)}"])
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]

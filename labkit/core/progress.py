@@ -11,33 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import tqdm.auto
-import tqdm.std
-
 FILE = "progress.jsonl"
 ENV = "LABKIT_PROGRESS"
-# the line `labkit run` starts its notebook kernels with: plain-text bars before any library binds tqdm.auto.tqdm
-KERNEL_START = "from labkit.core.progress import plain_bars; plain_bars()"
-
-
-class StdoutTqdm(tqdm.std.tqdm):  # type: ignore[misc]
-    """tqdm's plain-text bar, on stdout (stderr renders as an error-coloured block in an archived notebook)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("file", sys.stdout)
-        super().__init__(*args, **kwargs)
-
-
-def plain_bars() -> None:
-    """Plain-text progress bars in this process: `tqdm.auto.tqdm` becomes `StdoutTqdm` (a notebook widget does not
-    survive in an archived notebook). transformers, datasets and huggingface_hub bind `tqdm.auto.tqdm` when they are
-    imported, so `labkit run` calls this as its kernels start (`KERNEL_START`), before any cell imports them."""
-    tqdm.auto.tqdm = StdoutTqdm
 
 
 def emit(**event: Any) -> None:

@@ -10,12 +10,12 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from peft import LoraConfig, get_peft_model
+import torch
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import set_seed
 
 from labkit.card.schema import Card
 from labkit.errors import MethodError
-from labkit.model.placement import prepare_kbit
 
 
 def kind_of(name: str) -> str:
@@ -55,6 +55,23 @@ def lora_config(card: Card, model: Any = None) -> Any:
                       trainable_token_indices=tokens)
 
 
+def prepare_kbit(model: Any, card: Card) -> Any:
+    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
+
+    all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
+    included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
+    keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
+    hook is needed).
+    """
+    if card.method.quantisation.upcast == "all":
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+    for name, param in model.named_parameters():
+        param.requires_grad_(False)
+        if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.to(torch.float32)
+    return model
+
+
 def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     """Wrap or unfreeze the model as the card's method says.
 
@@ -75,7 +92,7 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
     if method.kind == "qlora" and not meta:
-        model = prepare_kbit(model, card)  # method.quantisation.upcast (labkit.model.placement)
+        model = prepare_kbit(model, card)  # method.quantisation.upcast
     targets = method.target_modules
     config = lora_config(card, model)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}

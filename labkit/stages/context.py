@@ -19,6 +19,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
+from labkit.core.kernel import LIBRARY_LOGGERS
 from labkit.core.protocol import check_protocol, pin_card
 from labkit.data.card_checks import check_card_data
 from labkit.data.prepare import load_split, prepare
@@ -162,11 +163,6 @@ def _quiet_batch() -> None:
                 super().__init__(*args, **kwargs)
 
         tqdm.auto.tqdm = StdoutTqdm  # before transformers/datasets import it
-
-
-# the libraries whose log records (weights loading, dropped examples, bitsandbytes' kernel notice) go to the run's log
-LIBRARY_LOGGERS = ("transformers", "datasets", "bitsandbytes", "peft", "accelerate", "trl", "torch", "huggingface_hub",
-                   "py.warnings")
 
 
 def capture_library_logs(run_dir: Path, stage: str) -> Path:

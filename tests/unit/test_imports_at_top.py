@@ -16,6 +16,9 @@ BOUNDARY = "labkit.cli"  # the command line: late imports are its job
 ALLOWED = {
     ("labkit.card.sections", "jsonschema"): "jsonschema takes ~2 s to import (its URI grammar): only cards with a "
                                             "drop_target_failing_schema rule pay it, not every card load",
+    ("labkit.data.prompting", "trl.trainer.sft_trainer"): "trl's SFT module loads peft, bitsandbytes and accelerate "
+                                                           "(seconds; bitsandbytes logs as it loads): only a tokenizer "
+                                                           "whose pad is its EOS needs its collator",
     ("labkit.experiment.tracking", "mlflow.tracking"): "mlflow is optional (the `track` extra): only a card with "
                                                        "tracking.mlflow needs it",
     ("labkit.experiment.tracking", "mlflow.entities"): "mlflow is optional (the `track` extra)",
