@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from labkit.card.sections import Data, Experiment, FilesSource, HubSource, Strict, Tracking
-from labkit.scoring.metrics import METRICS, RUN_METRICS, TWO_SIDED
+from labkit.scoring.names import METRICS, RUN_METRICS, TWO_SIDED
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
 # the card validates against it, the trainer passes the name on and stage 03's memory estimate counts the bytes

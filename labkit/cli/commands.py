@@ -15,23 +15,13 @@ from typing import Any
 
 from labkit.card.load import dump_yaml, load_card
 from labkit.card.shipped import init_folder, shipped
-from labkit.cli.runner import (
-    check_card,
-    load_all,
-    refresh_report,
-    resume_run,
-    run_card,
-    stage_into,
-)
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import LabkitError, MissingInput, UsageError
-from labkit.experiment.compare import summary_rows
-from labkit.experiment.final import final
-from labkit.experiment.plan import make_plan
-from labkit.experiment.report import build_report
-from labkit.export.deliver import export
-from labkit.export.reload_check import summary as reload_summary
+
+# The command line is where imports are late: each command imports its implementation (torch, transformers, papermill,
+# matplotlib… behind it) inside its function, so `labkit --help`, `labkit runs` and `labkit check` load none of them
+# (tests/unit/cli/test_fast_start.py). Library modules import at the top.
 
 
 def _root(args: argparse.Namespace, start: Path | None = None) -> Path:
@@ -80,6 +70,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
+    from labkit.cli.runner import load_all, resume_run, run_card
+
     if args.resume:
         if args.cards:
             raise UsageError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
@@ -101,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_stage(args: argparse.Namespace) -> int:
     """`labkit stage NAME CARD [--run DIR]`: one stage notebook; the run ends completed or failed."""
+    from labkit.cli.runner import stage_into
+
     loaded = load_card(args.card)
     stage_into(loaded, args.name, args.run, _root(args, loaded.path.parent), notebooks_dir(args.notebooks))
     return 0
@@ -123,6 +117,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     """`labkit check CARD… [--data]`: every check that needs only the card (parent chain, diff, data section, model
     source, the experiment's protocol); with --data also stage 01's preparation checks in memory. Writes no run.
     0 when every card passes, else the worst error's code (2 bad input)."""
+    from labkit.cli.runner import check_card
+
     code = 0
     for path in args.cards:
         try:
@@ -196,6 +192,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
+    from labkit.experiment.compare import summary_rows
+    from labkit.experiment.report import build_report
+
     root = _root(args)
     if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
         raise MissingInput(f"no runs of experiment {args.experiment!r} under {root} (see `labkit runs`)")
@@ -216,6 +215,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_final(args: argparse.Namespace) -> int:
     """`labkit final RUN [--reopen --why …]`: open the experiment's locked test split once, then refresh the report."""
+    from labkit.cli.runner import refresh_report
+    from labkit.experiment.final import final
+
     out = final(args.run, _root(args), reopen=args.reopen, why=args.why)
     refresh_report(R.Run(Path(out["dir"]).parent), print)  # the experiment's report shows every opening
     return 0
@@ -223,6 +225,9 @@ def cmd_final(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`labkit export RUN`: 0 exported, 1 the reload check failed (ExportCheckFailed), 2 refused (ExportRefused)."""
+    from labkit.export.deliver import export
+    from labkit.export.reload_check import summary as reload_summary
+
     result = export(args.run, _root(args), merged=args.merged, out=Path(args.out) if args.out else None,
                     sample=args.sample, device=args.device)
     print(f"exported {result['run_id']} to {result['export_dir']}: reload check passed "
@@ -232,6 +237,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """`labkit plan CARD --days D …`: the rental plan from measured timings."""
+    from labkit.experiment.plan import make_plan
+
     make_plan(args.card, args.days, args.price_per_hour, _root(args) if getattr(args, "runs", None) else None,
               speedup=args.speedup, margin=args.margin, max_loss_minutes=args.max_loss_minutes,
               max_loss_fraction=args.max_loss_fraction, continuation_factor=args.continuation,
@@ -242,7 +249,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """`labkit estimate CARD --gpu-memory GIB`: size a card for a GPU before renting it (offline, no weights)."""
-    from labkit.card.load import load_card
     from labkit.preflight.memory import GIB
     from labkit.preflight.sizing import estimate_card
 

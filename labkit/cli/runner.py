@@ -14,18 +14,18 @@ from labkit.cli.follow import Tail
 from labkit.cli.signals import Signals
 from labkit.core import io
 from labkit.core import runs as R
-from labkit.core.environment import capture
 from labkit.core.heartbeat import is_dead, start_heartbeat
+from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV
 from labkit.core.progress import FILE as PROGRESS_FILE
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
-from labkit.experiment.report import build_report
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.card_check import check_card
 from labkit.stages.records import read_outcome
 
-# papermill takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
+# `labkit check` reaches this module for `check_card`: what only a run needs — papermill, the environment capture
+# (torch), the experiment report (matplotlib, nbconvert) — is imported inside the function that needs it (the command
+# line is where imports are late; tests/unit/cli/test_fast_start.py).
 
 
 def _say(line: str) -> None:
@@ -69,7 +69,10 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                 kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
                                 # the kernel's own log lines (transport warnings) would drown the progress lines;
                                 # everything the notebook prints or raises is kept in the executed notebook
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL",
+                                                 # plain-text bars, library logs to the run's log: before
+                                                 # the first cell imports a library
+                                                 f"--IPKernelApp.exec_lines={start_line(run.dir, stage)}"])
     except pm.PapermillExecutionError as exc:
         seconds = time.monotonic() - start
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
@@ -156,6 +159,8 @@ def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | Non
 
     LABKIT_REPORT=0 skips it (`labkit compare EXPERIMENT` builds it on demand).
     """
+    from labkit.experiment.report import build_report
+
     if os.environ.get("LABKIT_REPORT") == "0":
         return None
     try:
@@ -184,6 +189,8 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
         StageFailed: a stage failed (the run is recorded as failed).
         KeyboardInterrupt: interrupted (the run is recorded as interrupted).
     """
+    from labkit.core.environment import capture
+
     check_card(loaded, root)  # before anything is created
     run = R.new_run(loaded, root, mode="batch")
     io.write_json(run.dir / "env.json", capture())
@@ -204,6 +211,8 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     Returns:
         the completed Run.
     """
+    from labkit.core.environment import capture
+
     run = R.find_run(run_id, root)
     status = run.status()
     done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
@@ -243,6 +252,8 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
     Returns:
         the Run.
     """
+    from labkit.core.environment import capture
+
     if run_dir:
         run = R.Run(Path(run_dir).resolve())
         if not run.status_path.exists():

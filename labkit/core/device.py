@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-# torch takes seconds to import: imported inside the functions that use it
+import torch
+
 
 ROCM_BF16_ARCHS = ("gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
 
@@ -91,14 +92,10 @@ def load_profile(path: str | Path) -> DeviceProfile:
 
 def cpu_profile() -> DeviceProfile:
     """The profile of a machine that trains on its CPU."""
-    import torch
-
     return DeviceProfile(type="cpu", name="cpu", count=1, torch=torch.__version__)
 
 
 def _nccl_version() -> str | None:
-    import torch
-
     try:
         version = torch.cuda.nccl.version()
     except (AttributeError, RuntimeError):
@@ -114,8 +111,6 @@ def capture(device: str | None = None) -> DeviceProfile:
     Returns:
         the device profile.
     """
-    import torch
-
     if device == "cpu" or (device is None and not torch.cuda.is_available()):
         mps = getattr(torch.backends, "mps", None)
         if device is None and mps is not None and mps.is_available():

@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch
 
 import labkit
 from labkit.core.device import capture as device_capture
 from labkit.core.device import gpu_driver
 
-# torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
 
 SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets", "tokenizers",
@@ -54,8 +53,6 @@ def _git_commit() -> str | None:
 
 
 def _accelerators() -> dict[str, Any]:
-    import torch
-
     profile = device_capture()
     info: dict[str, Any] = {"cuda_available": torch.cuda.is_available(), "cuda": torch.version.cuda,
                             "hip": getattr(torch.version, "hip", None),
@@ -78,8 +75,6 @@ def _accelerators() -> dict[str, Any]:
 
 def _distributed() -> dict[str, Any]:
     """World size and the process group's backend (the one in use, else the one a launch would use)."""
-    import torch
-
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -95,8 +90,6 @@ def capture() -> dict[str, Any]:
     Returns:
         a JSON-ready dict; environment variables whose names look secret are never included.
     """
-    import torch
-
     freeze = sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions() if d.metadata.get("Name"))
     return {
         "python": sys.version.split()[0],

@@ -8,6 +8,9 @@ from __future__ import annotations
 import os
 import re
 
+from huggingface_hub import HfApi, snapshot_download, try_to_load_from_cache
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
 from labkit.errors import LabkitError
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -55,8 +58,6 @@ def check_reachable(kind: str, repo: str, revision: str, error: type[LabkitError
     Raises:
         error: offline and not cached, hub unreachable, repository or revision not found.
     """
-    from huggingface_hub import snapshot_download, try_to_load_from_cache
-
     name = f"hf:{repo}@{revision[:12]}…"
     if offline():
         if kind == "model":
@@ -100,9 +101,6 @@ def resolve_commit(kind: str, repo: str, error: type[LabkitError], key: str) -> 
 def _ask(kind: str, repo: str, revision: str | None, error: type[LabkitError], key: str,
          fix: str = "check the network, or set HF_HUB_OFFLINE=1 to use the local cache") -> object:
     """One model_info / dataset_info request; every failure is one line naming the key."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
     name = f"hf:{repo}@{revision[:12]}…" if revision else f"hf:{repo}"
     endpoint = os.environ.get("HF_ENDPOINT") or None
     api = HfApi(endpoint=endpoint)  # the token: HF_TOKEN or the hub's token file, read by huggingface_hub itself

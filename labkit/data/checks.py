@@ -1,8 +1,7 @@
-"""Checks of a card's data section, and checks on prepared data that need only the data and the tokenizer, run by
-stage 01 before any compute.
+"""Checks on prepared data that need only the data and the tokenizer, run by stage 01 before any compute (the data
+section's checks that need only the card: `labkit.data.card_checks`).
 
-`check_card_data` needs the card only (split fractions, stratification, hub pins): `labkit check` and `labkit run`
-run it before a run folder exists. On the prepared rows:
+On the prepared rows:
   * references (`check_references`): every row's reference answer, in every split (the test split too, by
     validity only: its content is never shown or recorded), against the card's `data.target_format`;
   * encodings (`run_checks`, `raise_on_failed`): every example encoded as training encodes it, checked for
@@ -15,48 +14,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from labkit.card.load import LoadedCard
 from labkit.card.schema import Card
 from labkit.card.sections import Data
-from labkit.core import hub
 from labkit.data.pairs import check_pairs, encode_pairs
 from labkit.data.prompting import Encoded, check_encoded, encode_rows
-from labkit.errors import CardError, DataError, PreprocessingCheckFailed
-
-MIN_TRAIN_FRACTION = 0.2  # validation + test may take at most 80 % of the rows
-
-
-def check_card_data(loaded: LoadedCard) -> None:
-    """The checks of the data section that need only the card.
-
-    Args:
-        loaded: the loaded card (its `where` names the line of a key).
-    Raises:
-        CardError: one line naming the file, line, key and the fix.
-    """
-    data = loaded.card.data
-    spec, fields, fmt = data.split, data.fields, data.target_format
-    if not spec.field and spec.from_source is None:
-        left = 1 - spec.validation - spec.test
-        if left < MIN_TRAIN_FRACTION - 1e-9:
-            raise CardError(f"{loaded.where('data.split.validation')}: data.split: validation {spec.validation} + test "
-                            f"{spec.test} leave {left:.2f} of the rows for training (at least {MIN_TRAIN_FRACTION} "
-                            "needed); lower data.split.validation or data.split.test")
-        if spec.stratify is not None and spec.stratify != "category":
-            raise CardError(f"{loaded.where('data.split.stratify')}: data.split.stratify: {spec.stratify!r} is not a "
-                            "mapped field: use 'category' (the column data.fields.category maps) or null")
-        if spec.stratify == "category" and not fields.category:
-            raise CardError(f"{loaded.where('data.split.stratify')}: data.split.stratify: 'category' but "
-                            "data.fields.category is null (nothing to stratify by): map a category column or set "
-                            "stratify: null")
-    if hasattr(data.source, "hf"):
-        hub.check_pin("data.source.revision", data.source.revision, CardError, loaded.where("data.source.revision"))
-    if fmt.labels is not None and fmt.kind != "label":
-        raise CardError(f"{loaded.where('data.target_format.labels')}: data.target_format.labels: only for kind: label "
-                        f"(this card's kind is {fmt.kind}); remove it")
-    if fmt.labels is not None and not fmt.labels:
-        raise CardError(f"{loaded.where('data.target_format.labels')}: data.target_format.labels: empty; list the "
-                        "labels, or remove the key to use the labels seen in the training split")
+from labkit.errors import DataError, PreprocessingCheckFailed
 
 
 def _problem(data: Data, row: dict[str, Any], labels: set[str] | None) -> str | None:

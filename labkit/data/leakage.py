@@ -14,6 +14,7 @@ import unicodedata
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+import tqdm.auto
 
 __all__ = ["normalise_text", "shingles", "jaccard", "find_duplicates", "summarise"]
 
@@ -163,9 +164,8 @@ def _minhash(hashes: np.ndarray, counts: np.ndarray, num_perm: int, seed: int,
     sig = np.empty((len(counts), num_perm), dtype=np.uint64)
     ends = np.cumsum(counts)
     budget = max(1, 1_000_000 // num_perm)  # shingles per chunk (~8 MB work arrays)
-    from tqdm.auto import tqdm  # at call time: under `labkit run` the stage replaces it (plain text on stdout)
-
-    bar = tqdm(total=len(counts), desc="minhash", unit="row", disable=not progress)
+    # tqdm.auto.tqdm looked up at call time: under `labkit run` the kernel's plain-text bar replaces it
+    bar = tqdm.auto.tqdm(total=len(counts), desc="minhash", unit="row", disable=not progress)
     row = 0
     while row < len(counts):
         base = ends[row - 1] if row else 0

@@ -14,12 +14,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import datasets
+
 from labkit.card.schema import Card
 from labkit.data.prompting import IGNORE, Encoded, check_encoded, encode_example
 from labkit.data.sources import rows_hash, sha256_text
 
-# datasets takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
 
 PAIR_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")  # what DPOTrainer's collator reads
 
@@ -92,8 +92,6 @@ def encode_pairs(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list
 
 def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
     """A datasets.Dataset of prompt_ids, chosen_ids and rejected_ids: labkit's tokens, as TRL's DPO collator reads them."""
-    import datasets
-
     pairs = encode_pairs(tokenizer, card, rows)
     return datasets.Dataset.from_list([{"prompt_ids": p.prompt_ids, "chosen_ids": p.chosen_ids,
                                         "rejected_ids": p.rejected_ids} for p in pairs])
@@ -178,8 +176,6 @@ def fixed_length_pairs(tokenizer: Any, card: Card, rows: list[dict[str, Any]], s
     Returns:
         a datasets.Dataset in `to_dataset`'s columns.
     """
-    import datasets
-
     pairs = encode_pairs(tokenizer, card, rows)
     if not pairs:
         raise ValueError("fixed_length_pairs: no rows to build pairs from")

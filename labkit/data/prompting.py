@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+
 from labkit.card.schema import Card
 from labkit.card.sections import Prompt
 
@@ -165,7 +166,9 @@ def padding_check(tokenizer: Any, encoded: list[Encoded]) -> tuple[bool, list[in
     usable = [i for i, e in enumerate(encoded) if not e.truncated and e.input_ids]
     if pad != eos or len(usable) < 2:
         return True, []
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling  # seconds to import: only when pad = EOS
+    # late: trl's SFT module loads peft, bitsandbytes and accelerate (seconds; bitsandbytes logs as it loads), and
+    # only a tokenizer whose pad is its EOS needs the collator; data preparation (`labkit check --data`) stays light
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
     short = min(usable, key=lambda i: len(encoded[i].input_ids))
     long = max(usable, key=lambda i: len(encoded[i].input_ids))

@@ -12,11 +12,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import datasets
+
+from labkit.card.schema import Card
 from labkit.card.sections import Data, FilesSource, HubSource
 from labkit.core import hub
 from labkit.errors import DataError
-
-# datasets takes seconds to import: imported inside the functions that use it, so `labkit` commands start fast
 
 
 def _utf8(path: Path, raw: bytes, offset: int = 0, line: int | None = None) -> str:
@@ -50,7 +51,6 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def _read_with_datasets(kind: str, where: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-    import datasets
     datasets.disable_progress_bars()
     try:
         dataset = datasets.load_dataset(kind, **kwargs)
@@ -98,7 +98,6 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
 
 
 def read_hub(source: HubSource, split: str | None = None, path: str | None = None) -> list[dict[str, Any]]:

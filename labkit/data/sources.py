@@ -14,6 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+import jsonschema
+
+from labkit.card.schema import Card
 from labkit.card.sections import Data, Fields, HubSource, PathSource
 from labkit.data import dialogues, tickets
 from labkit.data.reading import read_file, read_given_splits, read_hub
@@ -211,8 +214,6 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
 
 def _target_follows(target: str, schema: dict[str, Any]) -> bool:
     """Whether a target parses as JSON and validates against a JSON Schema."""
-    import jsonschema  # a second to import: only cards with a schema rule pay it
-
     try:
         jsonschema.validate(json.loads(target), schema)
     except (json.JSONDecodeError, jsonschema.ValidationError):

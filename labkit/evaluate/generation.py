@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+import tqdm.auto
+
 from labkit.card.schema import Card
 from labkit.core.progress import emit
 from labkit.data.prompting import prompt_ids
-
-# torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
 
 
 def batches(lengths: list[int], size: int) -> list[list[int]]:
@@ -57,9 +57,6 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     Returns:
         the decoded answers, in the order of `rows`.
     """
-    import torch
-    from tqdm.auto import tqdm  # at call time: under `labkit run` the stage replaces it (plain text on stdout)
-
     if card.eval.max_new_tokens is None:
         raise ValueError("eval.max_new_tokens is unset: open the run's stage (labkit.stages.context) so stage 01 sizes "
                          "it from the data (labkit.core.run_card.resolved_card), or set it in the card")
@@ -71,7 +68,8 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     was_training = model.training
     model.eval()
     start, done = time.monotonic(), 0
-    with torch.inference_mode(), tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
+    # tqdm.auto.tqdm looked up at call time: under `labkit run` the kernel's plain-text bar replaces it
+    with torch.inference_mode(), tqdm.auto.tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
         for idx in batches([len(p) for p in prompts], card.eval.batch_size):
             width = max(len(prompts[i]) for i in idx)
             input_ids = torch.full((len(idx), width), pad, dtype=torch.long)

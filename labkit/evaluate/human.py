@@ -16,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sklearn.metrics import cohen_kappa_score
+
 from labkit.core import io
 from labkit.scoring.metrics import score_key
 
@@ -111,7 +113,6 @@ def human_verdict(path: Path) -> dict[str, Any] | None:
         return None
     counts = Counter(r["preferred"] for r in rows)
     agree = sum(r["preferred"] == r["automatic"] for r in rows) / len(rows)
-    from sklearn.metrics import cohen_kappa_score
 
     human, auto = [r["preferred"] for r in rows], [r["automatic"] for r in rows]
     kappa = float(cohen_kappa_score(human, auto)) if len(set(human) | set(auto)) > 1 else None

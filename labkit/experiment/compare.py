@@ -28,7 +28,7 @@ from labkit.core.protocol import (
 )
 from labkit.errors import MissingInput
 from labkit.evaluate.verdict import paired, verdict
-from labkit.experiment.final import openings
+from labkit.experiment.openings import openings
 from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS

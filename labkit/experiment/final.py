@@ -38,6 +38,7 @@ from labkit.errors import (
 )
 from labkit.evaluate.procedure import evaluate_rows
 from labkit.evaluate.verdict import verdict
+from labkit.experiment.openings import openings
 from labkit.model.loading import baseline_quantize
 from labkit.model.tuned import load_tuned
 from labkit.stages.context import Stage
@@ -111,40 +112,6 @@ def open_test_split(run: R.Run, tokenizer: Any, card: Any = None, _checked: bool
                         f"card's source now gives {got[:12]}… ({len(rows)} rows): the data changed since the run; restore "
                         f"the data it used (see the manifest's source) or start a new run on the current data{note}")
     return rows
-
-
-def openings(root: Path, experiment: str, strict: bool = False) -> list[dict[str, Any]]:
-    """Every opening of an experiment's test split, from the registry, oldest first.
-
-    Args:
-        root: the runs root (holds registry.jsonl).
-        experiment: the experiment id.
-        strict: a corrupt registry line is an error (it might hide an opening), not a warning.
-    Returns:
-        one dict per opening: {"opening", "run_id", "variant", "who", "when", "reopen", "why", "outcome"
-        ("evaluated" | "failed" | "incomplete"), "confirmed", "verdict", "problem"}.
-    """
-    out: list[dict[str, Any]] = []
-    by_key: dict[tuple[str, Any], dict[str, Any]] = {}
-    for event in R.read_registry(Path(root), strict=strict):
-        if event.get("experiment") != experiment:
-            continue
-        kind = event.get("event")
-        if kind == "test_opened":
-            row = {"opening": event.get("opening"), "run_id": event["run_id"], "variant": event.get("variant"),
-                   "who": event.get("who"), "when": event.get("time"), "reopen": bool(event.get("reopen")),
-                   "why": event.get("why"), "outcome": "incomplete", "confirmed": None, "verdict": None, "problem": None}
-            out.append(row)
-            by_key[(event["run_id"], event.get("opening"))] = row
-        elif kind in {"test_evaluated", "test_open_failed"}:
-            row = by_key.get((event["run_id"], event.get("opening")))
-            if row is None:
-                continue
-            if kind == "test_evaluated":
-                row.update(outcome="evaluated", confirmed=event.get("confirmed"), verdict=event.get("verdict"))
-            else:
-                row.update(outcome="failed", problem=event.get("problem"))
-    return out
 
 
 @contextlib.contextmanager

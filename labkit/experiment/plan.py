@@ -20,6 +20,7 @@ from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import UsageError
+from labkit.experiment.campaign import build_campaign, format_campaign, grid_cards, interval_width, variant_of
 from labkit.experiment.timings import INITIAL, measured_timings
 
 SCALED = ("baseline", "preprocessing", "parameter_check", "seconds_per_step", "evaluation", "final")  # / --speedup
@@ -204,8 +205,6 @@ def _save(plan: dict[str, Any], timings: dict[str, Any], root: Path, name: str) 
 def _campaign(loaded: Any, root: Path, timings: dict[str, Any], days: float, price: float, grid: list[str],
               spread: float | None, setup_hours: float, options: dict[str, Any]) -> dict[str, Any]:
     """`labkit plan … --grid`: the campaign over the listed variant cards, printed and saved next to the plans."""
-    from labkit.experiment.campaign import build_campaign, format_campaign, grid_cards, interval_width, variant_of
-
     card = loaded.card
     variants = [variant_of(load_card(p).card, timings["card"].get("train_rows"), timings["card"])
                 for p in grid_cards(grid)]

@@ -16,7 +16,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+import nbformat
 import yaml
+from nbconvert import HTMLExporter
 
 from labkit.core import io
 from labkit.core import runs as R
@@ -24,9 +26,8 @@ from labkit.core.io import read_jsonl
 from labkit.evaluate.human import RATINGS, human_verdict
 from labkit.experiment.compare import compare_experiment
 from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
-
-# nbconvert, nbformat, matplotlib (labkit.show.plots) take seconds to import: imported inside the functions that use
-# them, so `labkit` commands and card checks start fast
+from labkit.show import plots
+from labkit.show.plots import CATEGORY_TITLES
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -73,9 +74,6 @@ def render_notebooks(run_dir: Path, out: Path, variant: str = "", experiment: st
     Returns:
         the HTML files, in stage order.
     """
-    import nbformat
-    from nbconvert import HTMLExporter
-
     logging.getLogger("traitlets").setLevel(logging.ERROR)  # "alternative text is missing" on plot outputs
 
     pages = []
@@ -100,8 +98,6 @@ def draw(comparison: dict[str, Any], out: Path) -> list[str]:
     Returns:
         the PNG file names written.
     """
-    from labkit.show import plots  # matplotlib: loaded only when a report is drawn, not by every `labkit` command
-
     runs = [r for r in comparison["runs"] if "intervals" in r]
     histories = {f"{r['variant']} ({r['status']})": read_jsonl(Path(r["dir"]) / "training" / "log_history.jsonl")
                  for r in comparison["runs"]}
@@ -112,7 +108,6 @@ def draw(comparison: dict[str, Any], out: Path) -> list[str]:
         written.append("loss_curves.png")
     if not runs:
         return written
-    from labkit.show.plots import CATEGORY_TITLES
 
     primary = runs[0]["primary_metric"]
     for metric in dict.fromkeys([primary, "per_category_f1"]):

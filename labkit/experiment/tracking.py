@@ -11,6 +11,9 @@ the run folder. The run folder and the registry stay the record; the mirror is a
 from __future__ import annotations
 
 import json
+import logging
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,6 @@ import yaml
 from labkit.core import io
 from labkit.core import runs as R
 
-# mlflow takes seconds to import: imported inside the functions that use it
 
 STATE = "tracking/mlflow.json"
 MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_MAX_LOG_PARAMS")
@@ -70,8 +72,6 @@ def numbers(value: Any, prefix: str) -> dict[str, float]:
 
 
 def _client(uri: str) -> Any:
-    import logging
-
     from mlflow.tracking import MlflowClient
 
     logging.getLogger("mlflow").setLevel(logging.ERROR)  # store migrations and deprecations: not the user's concern
@@ -168,8 +168,6 @@ def mirror_run(run: R.Run, uri: str, final: bool = False, report: Path | None = 
 
 
 def _now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
 
 
@@ -191,8 +189,6 @@ def mirror_safely(run: R.Run, final: bool = False, report: Path | None = None) -
         the environment that joins the trainer's MLflow callback to the mirrored run (`MLFLOW_ENV`), or {} when the
         run is not mirrored or the mirror failed.
     """
-    import sys
-
     try:
         uri = card_uri(run)
         if not uri:

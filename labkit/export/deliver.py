@@ -23,6 +23,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+from peft import PeftModel
+from transformers import AutoTokenizer, GenerationConfig
+
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
@@ -31,10 +35,9 @@ from labkit.errors import ExportCheckFailed, ExportRefused
 from labkit.export import model_card as modelcard
 from labkit.export.hub_card import describe_base, loadable_base
 from labkit.export.reload_check import load_base_float32, summary
-from labkit.model.sources import parse_source, resolve, sha256_file
+from labkit.model.source_spec import parse_source
+from labkit.model.sources import resolve, sha256_file
 
-# peft, torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands
-# and card checks start fast
 
 SKIP = {"training_args.bin", "README.md"}  # trainer pickles and peft's template card are not delivered
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -97,8 +100,6 @@ def base_model_info(resolved: Any, card_hash: str, run_id: str, card_dir: Path |
 
 def _save_tokenizer_and_generation(run: R.Run, card: Any, resolved: Any, dest: Path) -> Any:
     """The run's tokenizer (as training saved it) and a greedy generation config, saved into dest."""
-    from transformers import AutoTokenizer, GenerationConfig
-
     tokenizer = AutoTokenizer.from_pretrained(str(run.dir / "training" / "adapter"),
                                               trust_remote_code=card.model.trust_remote_code)
     if tokenizer.pad_token is None:
@@ -131,10 +132,6 @@ def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> 
 
 def _merge(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any]) -> str:
     """Merge the adapter into the unquantised base (float32), save it in the card's dtype; returns that dtype."""
-    import torch
-    from peft import PeftModel
-    from transformers import GenerationConfig
-
     model = PeftModel.from_pretrained(load_base_float32(resolved, card, "cpu"), str(adapter)).merge_and_unload()
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(card.model.dtype, torch.float32)
     model = model.to(dtype)

@@ -12,7 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from labkit.model.sources import cache_dir, parse_source
+from gguf import GGUFReader
+from huggingface_hub import EvalResult, ModelCard, ModelCardData, try_to_load_from_cache
+
+from labkit.model.source_spec import parse_source
+from labkit.model.sources import cache_dir
 
 GGUF_KEYS = {"general.name": "name", "general.organization": "organization", "general.basename": "basename",
              "general.size_label": "size", "general.finetune": "finetune", "general.license": "license",
@@ -27,8 +31,6 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
     Returns:
         {"name", "organization", "basename", "size", "finetune", "license", "language"}, the fields present only.
     """
-    from gguf import GGUFReader
-
     fields = GGUFReader(str(path)).fields
     out: dict[str, Any] = {}
     for key, name in GGUF_KEYS.items():
@@ -43,7 +45,6 @@ def gguf_metadata(path: Path) -> dict[str, Any]:
 def _readme_metadata(readme: Path | str | None) -> dict[str, Any]:
     if not readme or not Path(readme).is_file():
         return {}
-    from huggingface_hub import ModelCard
 
     data = ModelCard.load(readme).data.to_dict()
     return {k: data[k] for k in ("license", "language") if data.get(k)}
@@ -69,8 +70,6 @@ def describe_base(resolved: Any, card_dir: Path | None = None) -> dict[str, Any]
         {"hub_id" (hf: sources), "name", "license", "language", "from": where it was read}; unknown keys absent.
     """
     if resolved.kind == "hf":
-        from huggingface_hub import try_to_load_from_cache
-
         readme = try_to_load_from_cache(resolved.location, "README.md", revision=resolved.revision)
         meta = _readme_metadata(readme if isinstance(readme, str) else None)
         return {"hub_id": resolved.location, "name": resolved.location, **meta, "from": "the hub's model card"}
@@ -101,8 +100,6 @@ def loadable_base(base: dict[str, Any]) -> str:
 
 def _results(info: dict[str, Any]) -> list[Any]:
     """The tuned model's overall metrics as the Hub's eval results: validation, and test once it was opened."""
-    from huggingface_hub import EvalResult
-
     dataset = getattr(info["card"].data.source, "hf", None) or f"labkit/{info['experiment']}"
     version = str((info["manifest"] or {}).get("data_version", "?"))[:12]
     out = []
@@ -126,8 +123,6 @@ def front_matter(info: dict[str, Any]) -> list[str]:
     Returns:
         the header's lines.
     """
-    from huggingface_hub import ModelCardData
-
     base, card = info["base"], info["card"]
     described = base.get("described") or {}
     language = described.get("language")

@@ -28,6 +28,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from peft import PeftModel
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
@@ -38,8 +43,6 @@ from labkit.evaluate.generation import batches, generate_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device, resize_for_tokenizer
 from labkit.model.sources import ResolvedModel, resolve, sha256_file
 
-# peft, safetensors, torch, transformers take seconds to import: imported inside the functions that use them, so
-# `labkit` commands and card checks start fast
 
 RTOL = 1e-4  # merged vs unmerged: max |Δ logit| ≤ RTOL · max(1, max |logit|), float32
 WEIGHTS_ATOL = 1e-6  # merged/ on disk vs the in-memory merge, float32
@@ -66,8 +69,6 @@ def eval_batches(tokenizer: Any, card: Any, rows: list[dict[str, Any]], sample: 
 
 def _prompt_batch(tokenizer: Any, card: Any, rows: list[dict[str, Any]]) -> tuple[Any, Any]:
     """Left-padded input ids and attention mask of one batch of prompts (as generation builds them)."""
-    import torch
-
     prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(p) for p in prompts)
@@ -97,8 +98,6 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
     Returns:
         {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir)}.
     """
-    import torch
-
     device = next(model.parameters()).device
     worst = scale = 0.0
     weights = None
@@ -136,9 +135,6 @@ def load_base_float32(resolved: Any, card: Any, device: str) -> Any:
     Returns:
         the model, in eval mode.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(resolved.location, dtype=torch.float32,
                                                  trust_remote_code=card.model.trust_remote_code,
                                                  **resolved.from_pretrained_kwargs())
@@ -173,9 +169,6 @@ def merged_tensors(model: Any) -> dict[str, Any]:
 def _merged_weights_diff(merged_dir: Path, model: Any) -> dict[str, Any]:
     """Compare the exported merged/ tensors, one at a time, with a PeftModel merged in place (cast to each saved
     tensor's dtype)."""
-    import torch
-    from safetensors import safe_open
-
     state = merged_tensors(model)
     worst, missing, allowed = 0.0, [], WEIGHTS_ATOL
     for file in sorted(merged_dir.glob("*.safetensors")):
@@ -230,10 +223,6 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
         the report written to reload_check.json ({"ok", "identical", "total", "mismatches",
         "logits_max_abs_diff", "tolerance", …}).
     """
-    import torch
-    from peft import PeftModel
-    from transformers import AutoTokenizer, GenerationConfig
-
     start = time.monotonic()
     manifest = io.read_json(export_dir / "export.json")
     run = R.Run(Path(run_dir or manifest["run_dir"]).resolve())

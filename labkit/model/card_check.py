@@ -12,9 +12,9 @@ from typing import Any
 
 from labkit.card.load import LoadedCard
 from labkit.core.protocol import check_protocol
-from labkit.data.checks import check_card_data
+from labkit.data.card_checks import check_card_data
 from labkit.errors import ModelSourceError
-from labkit.model.sources import check_source
+from labkit.model.source_spec import check_source
 
 
 def check_card(loaded: LoadedCard, root: Path) -> dict[str, Any]:

@@ -12,14 +12,15 @@ import os
 from functools import lru_cache
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
 from labkit.errors import MethodError, ModelSourceError
 from labkit.model.placement import Decisions, decide
 from labkit.model.sources import ResolvedModel
 
-# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 
 def pick_device() -> str:
@@ -60,8 +61,6 @@ def _decisions(card: Card, device: str, world_size: int) -> Decisions:
 
 def pick_dtype(card: Card, device: str) -> Any:
     """The torch dtype the card's weights load in on `device` (`model.dtype: auto` resolved by the placement)."""
-    import torch
-
     return getattr(torch, decisions(card, device).weight_dtype)
 
 
@@ -111,8 +110,6 @@ def load_tokenizer(resolved: ResolvedModel, card: Card) -> Any:
     Raises:
         ModelSourceError: the tokenizer does not load, or has no chat template for `chat_template: model`.
     """
-    from transformers import AutoTokenizer
-
     try:
         tokenizer = AutoTokenizer.from_pretrained(
             resolved.location, trust_remote_code=card.model.trust_remote_code, **resolved.from_pretrained_kwargs())
@@ -140,7 +137,6 @@ def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:
     """
     if not chatml_ids(card, tokenizer):
         return
-    import torch
 
     rows = model.get_input_embeddings().weight.shape[0]
     if len(tokenizer) > rows:
@@ -161,8 +157,6 @@ def quantization_config(card: Card, device: str | None = None) -> Any:
     if importlib.util.find_spec("bitsandbytes") is None:  # an optional dependency: the [gpu] extra
         raise MethodError("method.kind: qlora needs bitsandbytes, which is not installed: pip install 'labkit[gpu]' "
                           "(on a CUDA machine), or use method.kind: lora")
-    import torch
-    from transformers import BitsAndBytesConfig
 
     q = card.method.quantisation
     made = decisions(card, device)
@@ -208,9 +202,6 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
     Returns:
         the model, in eval mode, on the device.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     device = device or pick_device()
     made = decisions(card, device)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, made.weight_dtype), "attn_implementation": made.attention,

@@ -10,12 +10,13 @@ import re
 from collections import defaultdict
 from typing import Any
 
+import torch
+from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+from transformers import set_seed
+
 from labkit.card.schema import Card, Lora
 from labkit.card.sections import Prompt
 from labkit.errors import MethodError
-
-# peft, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 
 def kind_of(name: str) -> str:
@@ -47,13 +48,28 @@ def trainable_tokens(model: Any, prompt: Prompt) -> Any:
 def lora_config(method: Lora, prompt: Prompt, model: Any = None) -> Any:
     """The peft LoraConfig of a lora/qlora `method` (target_modules: names, "all-linear", or one regex string; the
     ChatML rows of `trainable_tokens` for the card's `data.prompt` when the model is given)."""
-    from peft import LoraConfig
-
     m = method
     tokens = trainable_tokens(model, prompt) if model is not None else None
     return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
                       modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none",
                       trainable_token_indices=tokens)
+
+
+def prepare_kbit(model: Any, card: Card) -> Any:
+    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
+
+    all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
+    included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
+    keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
+    hook is needed).
+    """
+    if card.method.quantisation.upcast == "all":
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+    for name, param in model.named_parameters():
+        param.requires_grad_(False)
+        if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):
+            param.data = param.data.to(torch.float32)
+    return model
 
 
 def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
@@ -73,14 +89,10 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
         for param in model.parameters():
             param.requires_grad_(True)
         return model
-    from peft import get_peft_model
-    from transformers import set_seed
-
-    from labkit.model.placement import prepare_kbit
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init
     if method.kind == "qlora" and not meta:
-        model = prepare_kbit(model, card)  # method.quantisation.upcast (labkit.model.placement)
+        model = prepare_kbit(model, card)  # method.quantisation.upcast
     targets = method.target_modules
     config = lora_config(method, card.data.prompt, model)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
+
 from labkit.card.schema import Card, Method, Train
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
@@ -59,8 +61,6 @@ class Decisions:
 
 def attention_kernels() -> dict[str, bool]:
     """Which optional attention kernels this installation has: {"flash_attention_2", "flex_attention"}."""
-    from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
-
     return {"flash_attention_2": bool(is_flash_attn_2_available()), "flex_attention": bool(is_torch_flex_attn_available())}
 
 
@@ -210,23 +210,3 @@ def one_gpu(args: Any, made: Decisions | dict[str, Any] | None) -> bool:
         args._n_gpu = 1
         return True
     return False
-
-
-def prepare_kbit(model: Any, card: Card) -> Any:
-    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
-
-    all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
-    included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
-    keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
-    hook is needed).
-    """
-    import torch
-    from peft import prepare_model_for_kbit_training
-
-    if card.method.quantisation.upcast == "all":
-        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
-    for name, param in model.named_parameters():
-        param.requires_grad_(False)
-        if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):
-            param.data = param.data.to(torch.float32)
-    return model

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
 from labkit.data.tickets import generate_tickets
 from labkit.errors import ModelSourceError
 from labkit.model.saving import save_folder
 
-# tokenizers, torch, transformers take seconds to import: imported inside the functions that use them, so `labkit`
-# commands and card checks start fast
 
 CHATML = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -66,11 +69,6 @@ def build_tiny(name: str, out: Path) -> None:
         name: a key of SIZES.
         out: target folder (replaced).
     """
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     if name not in SIZES:
         raise ModelSourceError(f"tiny:{name}: unknown tiny model (expected one of {', '.join(SIZES)})")
     size = dict(SIZES[name])

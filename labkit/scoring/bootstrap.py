@@ -82,7 +82,7 @@ def metric(w: np.ndarray, cols: Columns, name: str) -> np.ndarray | dict[str, np
     Args:
         w: (resamples, n) example weights.
         cols: per-example columns.
-        name: a metric of labkit.scoring.metrics.METRICS.
+        name: a metric of labkit.scoring.names.METRICS.
     Returns:
         an array of shape (resamples,), or {category: array} for per_category_f1.
     """

@@ -4,7 +4,8 @@ Every example is scored on its own (kept as data for paired comparisons: `exampl
 value behind each metric), then aggregated overall and per category. Label metrics follow scikit-learn's
 definitions: accuracy is the share of exact answers; per-class precision, recall and F1 are
 `precision_recall_fscore_support(y_true, y_pred, labels=reference_labels)`; macro-F1 is their unweighted mean over
-the labels present in the references. ROUGE and the length ratio: `labkit.scoring.rouge`. Run metrics (time, throughput, memory, cost) are not computed from answers:
+the labels present in the references. ROUGE and the length ratio: `labkit.scoring.rouge`. The metrics' names and what
+each needs: `labkit.scoring.names`. Run metrics (time, throughput, memory, cost) are not computed from answers:
 `labkit.stages.run_metrics` reads them from a run's stage 03/04 files.
 """
 
@@ -15,41 +16,15 @@ import re
 from collections import defaultdict
 from typing import Any, Iterable
 
+from labkit.scoring.names import RUN_METRICS
 from labkit.scoring.rouge import ROUGE_TYPES, length_ratio, rouge_scores, settings
 from labkit.scoring.slots import aggregate_slots, slot_counts
 
-# name -> (what it needs, what it means); the card's primary metric and guardrails must be one of these.
-METRICS: dict[str, tuple[str, str]] = {
-    "json_valid_rate": ("json", "share of answers that are exactly one JSON object"),
-    "field_presence_rate": ("json", "share of the reference's keys present in the answer"),
-    "field_accuracy": ("json", "share of the reference's keys whose value the answer gets right (mean per example)"),
-    "slot_precision": ("json", "share of the answer's key-value pairs that are in the reference (micro)"),
-    "slot_recall": ("json", "share of the reference's key-value pairs found in the answer (micro)"),
-    "slot_f1": ("json", "harmonic mean of slot precision and recall (micro)"),
-    "accuracy": ("category", "share of answers whose category equals the reference"),
-    "macro_f1": ("category", "unweighted mean of the per-class F1 over the reference labels"),
-    "per_category_f1": ("category", "F1 of each category (guardrails judge every category)"),
-    "exact_match": ("any", "answer equals the reference after whitespace normalisation"),
-    "rouge1": ("any", "ROUGE-1 F-measure against the reference (unigrams; rouge_score, stemmed by default)"),
-    "rouge2": ("any", "ROUGE-2 F-measure against the reference (bigrams)"),
-    "rougeL": ("any", "ROUGE-L F-measure against the reference (longest common subsequence)"),
-    "rougeLsum": ("any", "ROUGE-Lsum F-measure (union LCS over the sentences of answer and reference)"),
-    "mean_length_ratio": ("any", "mean over examples of answer words / reference words (a guardrail with min / max: "
-                          "no good direction, so not a primary metric, max_drop or early-stopping metric)"),
-    "train_seconds": ("run", "wall-clock seconds of stage 04's training (lower is better)"),
-    "tokens_per_second": ("run", "training tokens seen per second of training (higher is better)"),
-    "peak_memory_gib": ("run", "peak memory of a training step measured by stage 03, GiB (lower is better)"),
-    "cost": ("run", "training hours × processes × budget.price_per_gpu_hour (lower is better)"),
-}
-# run metric -> True when higher is better
-RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "peak_memory_gib": False, "cost": False}
 # metric -> the per-example value behind it (the paired view, the concentration check); run metrics have none
 EXAMPLE_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
                 "slot_precision": "slot_f1", "slot_recall": "slot_f1", "slot_f1": "slot_f1", "accuracy": "correct",
                 "macro_f1": "correct", "per_category_f1": "correct", "exact_match": "exact_match", **{r: r for r in ROUGE_TYPES},
                 "mean_length_ratio": "length_ratio"}
-# metrics without a good direction (closer to 1 is better): judged only against absolute or ratio bounds
-TWO_SIDED = ("mean_length_ratio",)
 # per-example value -> the metric that averages it (where the names differ)
 MEAN_NAMES = {"json_valid": "json_valid_rate", "field_presence": "field_presence_rate", "length_ratio": "mean_length_ratio"}
 OTHER = "other answer"

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import functools
 import re
+from importlib.metadata import version
 from typing import Any
+
+from rouge_score import rouge_scorer
 
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 LENGTH_UNIT = "words (whitespace-separated)"
@@ -27,8 +30,6 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 def scorer(use_stemmer: bool) -> Any:
     """rouge_score's scorer for the four ROUGE types, built on first use (rouge_score imports nltk: half a second
     every card load would otherwise pay)."""
-    from rouge_score import rouge_scorer
-
     return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=use_stemmer)
 
 
@@ -75,8 +76,6 @@ def length_ratio(prediction: str, target: str) -> float:
 
 def settings(use_stemmer: bool) -> dict[str, Any]:
     """How the ROUGE and length values were computed, recorded with the metrics."""
-    from importlib.metadata import version
-
     return {"use_stemmer": use_stemmer, "rouge_score": version("rouge_score"),
             "rougeLsum_sentences": "split after . ! ? followed by whitespace, and at line breaks",
             "length_unit": LENGTH_UNIT}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.core.progress import fmt_seconds
+import pandas as pd
+from IPython.display import HTML, Markdown
 
-# IPython, pandas take seconds to import: imported inside the functions that use them, so `labkit` commands and card
-# checks start fast
+from labkit.core.progress import fmt_seconds
 
 
 def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None = None, digits: int = 3) -> Any:
@@ -20,8 +20,6 @@ def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None
     Returns:
         a DataFrame (rendered as an HTML table by Jupyter).
     """
-    import pandas as pd
-
     pd.set_option("display.max_colwidth", None)  # JSON targets and answers whole: a cut answer hides the wrong field
     if isinstance(rows, dict):
         rows = [{"key": k, "value": v} for k, v in rows.items()]
@@ -70,15 +68,11 @@ def per_key_table(named: dict[str, dict[str, Any]]) -> Any:
 
 def md(text: str) -> Any:
     """Markdown for display."""
-    from IPython.display import Markdown
-
     return Markdown(text)
 
 
 def html(text: str) -> Any:
     """HTML for display."""
-    from IPython.display import HTML
-
     return HTML(text)
 
 

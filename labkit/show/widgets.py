@@ -13,12 +13,13 @@ import random
 from pathlib import Path
 from typing import Any
 
+import ipywidgets as w
+from IPython import get_ipython
+
 from labkit.core import io
 from labkit.evaluate.human import RATINGS, ab_items, human_verdict, save_rating
 from labkit.show import tables
 from labkit.show.tokens import STYLE, render, render_pair
-
-# ipywidgets and IPython: imported inside the functions that use them
 
 AB_SESSION = "human_ab.json"
 
@@ -26,10 +27,6 @@ AB_SESSION = "human_ab.json"
 def interactive() -> bool:
     """True in a live Jupyter kernel; False under `labkit run` (papermill) or in a plain Python process."""
     if os.environ.get("LABKIT_BATCH") == "1":
-        return False
-    try:
-        from IPython import get_ipython
-    except ImportError:
         return False
     shell = get_ipython()
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
@@ -45,8 +42,6 @@ class SampleExplorer:
     """
 
     def __init__(self, tokenizer: Any, splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Any]]) -> None:
-        import ipywidgets as w
-
         self.tokenizer, self.splits, self.encoded = tokenizer, splits, encoded
         categories = sorted({str(r.get("category")) for rows in splits.values() for r in rows})
         self.split = w.Dropdown(options=list(splits), description="split")
@@ -132,8 +127,6 @@ class ABRating:
     """
 
     def __init__(self, run_dir: Path, rater: str = "", per_category: int = 3) -> None:
-        import ipywidgets as w
-
         self.run_dir, self.rater = Path(run_dir), rater
         self.session = ab_session(self.run_dir, per_category)
         self.path = self.run_dir / "comparison" / RATINGS

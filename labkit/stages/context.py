@@ -20,6 +20,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
+from labkit.core.kernel import LIBRARY_LOGGERS
 from labkit.core.protocol import pin_card
 from labkit.core.run_card import complete, resolved_card
 from labkit.data.prepare import load_split, prepare
@@ -176,11 +177,6 @@ def _quiet_batch() -> None:
                 super().__init__(*args, **kwargs)
 
         tqdm.auto.tqdm = StdoutTqdm  # before transformers/datasets import it
-
-
-# the libraries whose log records (weights loading, dropped examples, bitsandbytes' kernel notice) go to the run's log
-LIBRARY_LOGGERS = ("transformers", "datasets", "bitsandbytes", "peft", "accelerate", "trl", "torch", "huggingface_hub",
-                   "py.warnings")
 
 
 def capture_library_logs(run_dir: Path, stage: str) -> Path:

@@ -28,6 +28,7 @@ import yaml
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
+from labkit.model.loading import profile_of
 from labkit.model.placement import decide
 
 
@@ -54,8 +55,6 @@ def accelerate_config(card: Card, device: str, profile: DeviceProfile | None = N
                          "wraps CPU processes in DDP, not FSDP, so nothing would be sharded; use strategy: ddp here")
     precision = card.train.precision
     if device == "cuda" and precision == "auto":  # the placement's choice for this machine's GPUs
-        from labkit.model.loading import profile_of
-
         precision = decide(card, profile or profile_of("cuda"), world_size=1, kernels={}).precision
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no") if device == "cuda" else "no"
     config: dict[str, Any] = {

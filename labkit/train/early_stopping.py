@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
 from transformers import EarlyStoppingCallback, TrainerCallback
 
 from labkit.card.schema import Card, EarlyStopping
@@ -39,8 +41,6 @@ from labkit.evaluate.generation import batches, generate_answers
 from labkit.evaluate.procedure import score_answers
 from labkit.scoring.metrics import metric_value
 
-# torch takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks
-# start fast
 
 LOSS = "eval_loss"
 
@@ -109,12 +109,10 @@ def score(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]], me
         tokenizer: the tokenizer.
         card: the card (prompt, eval settings, target format).
         rows: the rows to answer and score.
-        metric: a name from labkit.scoring.metrics.METRICS.
+        metric: a name from labkit.scoring.names.METRICS.
     Returns:
         the metric over `rows`, scored by labkit.evaluate.procedure.score_answers as stages 01 and 05 score.
     """
-    import torch.distributed as dist
-
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     rank = dist.get_rank() if world > 1 else 0
     lengths = [len(prompt_ids(tokenizer, card, r["input"])) for r in rows]
@@ -131,8 +129,6 @@ def score(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]], me
 
 
 def _rng_states() -> dict[str, Any]:
-    import torch
-
     states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
@@ -140,8 +136,6 @@ def _rng_states() -> dict[str, Any]:
 
 
 def _set_rng_states(states: dict[str, Any]) -> None:
-    import torch
-
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     torch.set_rng_state(states["torch"])

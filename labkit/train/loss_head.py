@@ -16,12 +16,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from transformers.utils import is_triton_available
 from trl import SFTTrainer
 
 from labkit.data.prompting import IGNORE
-
-# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 
 def scores_completion_only_natively(device: Any) -> bool:
@@ -32,9 +31,6 @@ def scores_completion_only_natively(device: Any) -> bool:
     Returns:
         True on CUDA/XPU with Triton available, False on the CPU, MPS and devices without Triton.
     """
-    import torch
-    from transformers.utils import is_triton_available
-
     return torch.device(device).type in ("cuda", "xpu") and is_triton_available()
 
 

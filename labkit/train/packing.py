@@ -19,8 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-# datasets, torch, trl take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
+import datasets
+import torch
+import torch.nn.functional as F
+from trl.data_utils import pack_dataset
+
+from labkit.model.placement import PACK_TOLERANCE
+
 
 IGNORE = -100
 
@@ -37,9 +42,6 @@ def pack(examples: list[dict[str, list[int]]], max_length: int) -> list[dict[str
     Returns:
         rows with input_ids, labels and position_ids (restarting at every example).
     """
-    import datasets
-    from trl.data_utils import pack_dataset
-
     if not examples:
         return []
     table = datasets.Dataset.from_list([{"input_ids": e["input_ids"][:max_length],
@@ -71,8 +73,6 @@ class PackedCollator:
         self.block_mask = block_mask
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
-        import torch
-
         dtype = self.dtype or torch.float32
         length = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), length), self.pad_token_id, dtype=torch.long)
@@ -117,13 +117,8 @@ def isolation_check(model: Any, examples: list[dict[str, list[int]]], max_length
     Returns:
         {"ok", "max_difference", "per_example": [{"alone", "packed"}], "tolerance"}.
     """
-    import torch
-    import torch.nn.functional as F
-
     def token_losses(logits: Any, labels: Any) -> Any:
         return F.cross_entropy(logits[0, :-1].float(), labels[0, 1:], ignore_index=IGNORE, reduction="none")
-
-    from labkit.model.placement import PACK_TOLERANCE
 
     device = next(model.parameters()).device
     dtype = next(p for p in model.parameters() if p.is_floating_point()).dtype

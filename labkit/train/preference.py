@@ -22,45 +22,39 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from typing import Any
+
+from trl import DPOConfig, DPOTrainer
 
 from labkit.card.schema import Card
 from labkit.data.pairs import PAIR_COLUMNS, orpo_row, to_dataset
 from labkit.model.placement import one_gpu
 
-# trl takes seconds to import: imported inside the functions that use them, so `labkit` commands and card checks start
-# fast
+with warnings.catch_warnings():  # TRL warns on importing trl.experimental; labkit uses it only for train.trainer: orpo
+    warnings.filterwarnings("ignore", message=".*trl.experimental")
+    from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 DEFAULT_BETA = 0.1  # TRL's default for DPOConfig.beta and ORPOConfig.beta
 
 
-def _dpo_class() -> type:
-    from trl import DPOTrainer
+class LabkitDPOTrainer(DPOTrainer):
+    """TRL's DPOTrainer taking labkit's tokenised pairs as they are (TRL 1.16 would re-tokenise them)."""
 
-    class LabkitDPOTrainer(DPOTrainer):
-        """TRL's DPOTrainer taking labkit's tokenised pairs as they are (TRL 1.16 would re-tokenise them)."""
-
-        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):  # noqa: ANN001, ANN202
-            if set(PAIR_COLUMNS) <= set(dataset.column_names):
-                return dataset
-            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
-
-    return LabkitDPOTrainer
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):  # noqa: ANN001, ANN202
+        if set(PAIR_COLUMNS) <= set(dataset.column_names):
+            return dataset
+        return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
 
-def _orpo_class() -> type:
-    from trl.experimental.orpo import ORPOTrainer
+class LabkitORPOTrainer(ORPOTrainer):
+    """TRL's ORPOTrainer on rows already in its layout (`orpo_row`), instead of tokenising strings."""
 
-    class LabkitORPOTrainer(ORPOTrainer):
-        """TRL's ORPOTrainer on rows already in its layout (`orpo_row`), instead of tokenising strings."""
-
-        def tokenize_row(self, feature, model=None):  # noqa: ANN001, ANN201
-            if "chosen_labels" not in feature:
-                raise ValueError("labkit's ORPO rows come from labkit.data.pairs.orpo_row (prompt strings are not "
-                                 "tokenised here)")
-            return feature
-
-    return LabkitORPOTrainer
+    def tokenize_row(self, feature, model=None):  # noqa: ANN001, ANN201
+        if "chosen_labels" not in feature:
+            raise ValueError("labkit's ORPO rows come from labkit.data.pairs.orpo_row (prompt strings are not "
+                             "tokenised here)")
+        return feature
 
 
 def preference_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, eval_rows: list[dict[str, Any]] | None,
@@ -79,10 +73,7 @@ def preference_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, 
         a trl.DPOTrainer or trl.experimental.orpo.ORPOTrainer subclass instance.
     """
     kind = card.train.trainer
-    if kind == "dpo":
-        from trl import DPOConfig as Config
-    else:
-        from trl.experimental.orpo import ORPOConfig as Config
+    Config = DPOConfig if kind == "dpo" else ORPOConfig  # noqa: N806 - a class
     names = {f.name for f in dataclasses.fields(Config)}
     # TRL's preference configs disable dropout by default; labkit keeps the card's (method.dropout), as for SFT
     kwargs = {k: v for k, v in config.items() if k in names}
@@ -96,11 +87,11 @@ def preference_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, 
     if kind == "orpo":
         train = train.map(orpo_row, remove_columns=list(PAIR_COLUMNS))
         evals = evals.map(orpo_row, remove_columns=list(PAIR_COLUMNS)) if evals is not None else None
-        return _orpo_class()(model=model, args=args, train_dataset=train, eval_dataset=evals, processing_class=tokenizer,
+        return LabkitORPOTrainer(model=model, args=args, train_dataset=train, eval_dataset=evals, processing_class=tokenizer,
                              callbacks=callbacks)
     peft = hasattr(model, "peft_config")
     reference = None if peft else _frozen_copy(model)
-    trainer = _dpo_class()(model=model, ref_model=reference, args=args, train_dataset=train, eval_dataset=evals,
+    trainer = LabkitDPOTrainer(model=model, ref_model=reference, args=args, train_dataset=train, eval_dataset=evals,
                            processing_class=tokenizer, callbacks=callbacks)
     if peft and "ref" in trainer.model.peft_config:
         # TRL copies a PeftModel's adapter into a frozen "ref" adapter. labkit's adapter is freshly initialised

