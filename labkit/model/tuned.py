@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from peft import PeftModel
+
 from labkit.card.schema import Card
 from labkit.errors import MissingInput
 from labkit.model.loading import load_model
@@ -31,8 +33,6 @@ def load_tuned(base: ResolvedModel, card: Card, adapter: Path, device: str) -> A
     Raises:
         MissingInput: the folder is missing (training has not run).
     """
-    from peft import PeftModel
-
     if not adapter.exists():
         raise MissingInput(f"{adapter} is missing: run the training stage of this run first")
     if card.method.kind == "full":
