@@ -128,6 +128,7 @@ def main() -> None:
                               "new_stage_seconds": new_stage, "stage_ratio": round(old_stage / new_stage, 2),
                               "findings": [same(o, n) for o, n in ok]})
             results.append(entry)
+            print(json.dumps(entry), file=sys.stderr, flush=True)  # each card as it finishes (the run is long)
     print(json.dumps({"benchmark": "stage03_cost", "base": args.base, "commit": commit,
                       "date": time.strftime("%Y-%m-%d"), "target": "old / new wall time >= 1.5 on each card",
                       "results": results}, indent=1))
