@@ -22,6 +22,7 @@ from labkit.preflight.measure import PeakMemory, fixed_length_dataset
 from labkit.preflight.memory import estimate_step
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, AccumulationCheck, CheckpointingCheck
 from labkit.preflight.records import UpdateCheck
+from labkit.train.packing import pack
 from labkit.train.trainer import build_trainer, to_dataset
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
@@ -167,14 +168,15 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
     }
 
 
-def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> tuple[Any, list[int]]:
+def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
+                        encoded: list[Any] | None = None) -> tuple[Any, list[int]]:
     """The trainer's dataset of `rows` and, per row, the tokens its loss term averages over.
 
     sft: the completion tokens; orpo: prompt + chosen (its NLL term is a token mean); dpo: the answer tokens of
     both sequences (the DPO loss is a mean over pairs, so unequal counts must not matter).
     """
     if card.train.trainer == "sft":
-        data = to_dataset(tokenizer, card, rows)
+        data = to_dataset(tokenizer, card, rows) if encoded is None else _from_encoded(card, encoded)
         return data, [sum(x != -100 for x in labels) for labels in data["labels"]]
 
     data = pair_dataset(tokenizer, card, rows)
@@ -214,8 +216,17 @@ def _tolerance(device: str, card: Card) -> float:
     return 1e-4 if str(pick_dtype(card, device)) == "torch.float32" else 2e-2
 
 
+def _from_encoded(card: Card, encoded: list[Any]) -> Any:
+    """`to_dataset` of rows already encoded (`labkit.data.prompting.encode_rows`)."""
+    import datasets
+
+    examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encoded]
+    return datasets.Dataset.from_list(pack(examples, card.data.max_length) if card.train.packing else examples)
+
+
 def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                       device: str = "cpu", micro_batch: int | None = None, accum: int | None = None) -> AccumulationCheck:
+                       device: str = "cpu", micro_batch: int | None = None, accum: int | None = None,
+                       encoded: list[Any] | None = None) -> AccumulationCheck:
     """Micro-batch m × accumulation k must give the gradients of one batch of m·k rows.
 
     The rows are ordered by length, so the micro-batches hold different numbers of completion tokens:
@@ -227,12 +238,14 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
 
     Args:
         card: the card (train.loss_normalisation decides how the SFT trainer normalises).
-        make_model: returns a freshly loaded model with the method applied (same init each call).
+        make_model: returns the model with the method applied at its initial weights (a fresh load each call, or
+            `labkit.preflight.shared.SharedModel`, which restores them).
         tokenizer: the tokenizer.
         rows: prepared training rows (at least m·k).
         device: the device.
         micro_batch: m (default: the card's micro-batch).
         accum: k (default: the card's accumulation, at least 2).
+        encoded: the rows encoded once (sft), when already computed.
     Returns:
         {"ok", "relative_difference", "tolerance", "worst_tensor", "loss_normalisation", "micro_batch", "accum", …}.
     """
@@ -240,7 +253,7 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
     k = accum or max(card.train.grad_accum, 2)
     if len(rows) < m * k:
         raise ValueError(f"accumulation_check needs {m * k} training rows, got {len(rows)}")
-    data, counts = _dataset_and_tokens(tokenizer, card, rows)
+    data, counts = _dataset_and_tokens(tokenizer, card, rows, encoded)
     order = sorted(range(len(data)), key=counts.__getitem__)
     picked = order[: m * (k - 1)] + order[-m:]  # short completions first, the longest last: unequal token counts
     data = data.select(picked)
@@ -273,7 +286,7 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
 
     Args:
         card: the card.
-        make_model: returns a freshly loaded model with the method applied.
+        make_model: returns the model with the method applied at its initial weights (or a `SharedModel`).
         tokenizer: the tokenizer.
         rows: prepared training rows.
         seq_len: tokens per example (e.g. the p95 of the training lengths).

@@ -223,7 +223,7 @@ def accumulation(stage: Stage, checks: Checks) -> AccumulationCheck:
     """Micro-batch m × accumulation k against one batch of m·k, both from the same weights (`ACCUMULATION_FILE`)."""
     with _Timed(checks, "accumulation_check"):
         checks.accumulation = stepchecks.accumulation_check(stage.card, checks.model, stage.tokenizer, checks.train_rows,
-                                                            stage.device)
+                                                            stage.device, encoded=checks.encoded)
     stage.save_json(ACCUMULATION_FILE, checks.accumulation)
     return checks.accumulation
 

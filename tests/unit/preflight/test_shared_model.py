@@ -85,3 +85,15 @@ def test_memory_measured_on_the_shared_model_matches_a_fresh_one(card, tiny_mode
     assert got["weights_bytes"] == fresh["weights_bytes"]
     step, expected = got["memory"]["delta_bytes"], fresh["memory"]["delta_bytes"]
     assert abs(step - expected) <= max(0.15 * expected, 4 * 2**20), (step, expected)
+
+
+def test_accumulation_on_rows_encoded_once_is_the_same_check(card, tiny_model, rows) -> None:
+    from labkit.data.prompting import encode_rows
+
+    tokenizer = load_tokenizer(tiny_model, card)
+    shared = SharedModel(apply_method(load_model(tiny_model, card, "cpu"), card))
+    plain = accumulation_check(card, shared, tokenizer, rows, micro_batch=2, accum=3)
+    once = accumulation_check(card, shared, tokenizer, rows, micro_batch=2, accum=3,
+                              encoded=encode_rows(tokenizer, card, rows))
+    assert once["tokens_per_micro_batch"] == plain["tokens_per_micro_batch"]
+    assert once["loss_whole"] == plain["loss_whole"] and once["loss_accumulated"] == plain["loss_accumulated"]
