@@ -8,7 +8,7 @@ ratio (old / new, medians), and the findings side by side: update, accumulation 
 estimate's errors against the measurement, the fit verdict, the time plan.
 
 Run: .venv/bin/python bench/stage03_cost.py [--cards params/quickstart.yaml params/examples/ticket-packed.yaml]
-     [--base 51f0d56] [--repeats 1]
+     [--base 51f0d56] [--repeats 1] [--prepared RUN …]
 """
 
 from __future__ import annotations
@@ -104,17 +104,20 @@ def main() -> None:
     parser.add_argument("--cards", nargs="+", default=CARDS)
     parser.add_argument("--base", default=BASE, help="the commit whose stage 03 is the 'old' one")
     parser.add_argument("--repeats", type=int, default=1, help="old/new pairs per card")
+    parser.add_argument("--prepared", nargs="*", default=[], metavar="RUN",
+                        help="run folders with stages 01-02 done, one per card in --cards order (skips preparing)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     results = []
     with tempfile.TemporaryDirectory(prefix="labkit-stage03-") as tmp:
         base = checkout(args.base, Path(tmp) / "base")
-        for card in args.cards:
-            prepared = prepare(card, Path(tmp) / "prepared" / Path(card).stem)
+        for i, card in enumerate(args.cards):
+            prepared = Path(args.prepared[i]).resolve() if i < len(args.prepared) else \
+                prepare(card, Path(tmp) / "prepared" / Path(card).stem)
             pairs = []
-            for i in range(args.repeats):
-                old = stage03(base, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{i}")
-                new = stage03(REPO, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"new-{i}")
+            for r in range(args.repeats):
+                old = stage03(base, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{r}")
+                new = stage03(REPO, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"new-{r}")
                 pairs.append((old, new))
             ok = [(o, n) for o, n in pairs if "error" not in o and "error" not in n]
             entry = {"card": card, "runs": pairs}
