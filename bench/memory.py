@@ -35,7 +35,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     from labkit.model.sources import resolve
     from labkit.preflight.measure import loss_fraction, measure_step
     from labkit.preflight.memory import estimate_step
-    from labkit.stages.parameter_check import loaded_bytes
+    from labkit.preflight.memory_check import loaded_bytes
 
     card = load_card(CARD).card
     card = updated(card, {"train.micro_batch": micro_batch, "data.max_length": max(card.data.max_length, seq_len),

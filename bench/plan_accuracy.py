@@ -1,7 +1,7 @@
 """Benchmark: stage 03's predicted training time against stage 04's measured one, for a padded and a packed card.
 
 Each card runs end to end through `labkit run` (a fresh runs folder, so nothing is cached); stage 03's time plan
-(`parameter_check/fit.json`, `labkit.stages.parameter_check.time_plan`) is then set against the trainer's own
+(`parameter_check/fit.json`, `labkit.preflight.timeplan.time_plan`) is then set against the trainer's own
 `train_runtime` (`training/outcome.json`), which like the plan includes the validation-loss passes. The target is
 an error within 25 %. Prints one JSON object.
 

@@ -251,6 +251,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """`labkit estimate CARD --gpu-memory GIB`: size a card for a GPU before renting it (offline, no weights)."""
     from labkit.preflight.memory import GIB
     from labkit.preflight.sizing import estimate_card
+    from labkit.show.memory import label
 
     loaded = load_card(Path(args.card))
     got = estimate_card(loaded.card, loaded.path, args.gpu_memory, args.capability, args.seq_len, args.config)
@@ -263,9 +264,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
           + (", activation checkpointing" if est["checkpointing"] else "") + ":")
     for term, value in est["breakdown"].items():
         if value:
-            print(f"  {term:<28} {value / GIB:8.2f} GiB")
+            print(f"  {label(term):<28} {value / GIB:8.2f} GiB")
     for term, value in verdict["overheads"].items():
-        print(f"  {term:<28} {value / GIB:8.2f} GiB  (margin)")
+        print(f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)")
     print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {args.gpu_memory:g} GiB")
     print(f"verdict: {'fits' if verdict['fits'] else 'does not fit'}: {verdict['message']}")
     largest = got["largest_micro_batch"]

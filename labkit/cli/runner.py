@@ -21,6 +21,7 @@ from labkit.core.progress import FILE as PROGRESS_FILE
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.card_check import check_card
+from labkit.stages import records
 from labkit.stages.records import read_outcome
 
 # `labkit check` reaches this module for `check_card`: what only a run needs — papermill, the environment capture
@@ -37,7 +38,7 @@ def _kernel_env(run: R.Run, stage: str) -> dict[str, str]:
     """Environment for the notebook kernels: no progress bars in archived notebooks (the stage's progress events go
     to the run's progress.jsonl, which the runner prints), and stage 03's step time for stage 04's ETA."""
     env = {"TQDM_DISABLE": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    fit = run.dir / "parameter_check" / "fit.json"
+    fit = run.dir / "parameter_check" / records.FIT
     step = (io.read_json(fit).get("plan") or {}).get("seconds_per_step") if fit.exists() else None
     return {"LABKIT_BATCH": "1", PROGRESS_ENV: str(run.dir / PROGRESS_FILE), "LABKIT_STAGE": stage,
             "LABKIT_STEP_SECONDS": str(step or ""), **{k: v for k, v in env.items() if k not in os.environ}}

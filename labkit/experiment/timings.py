@@ -20,6 +20,7 @@ import yaml
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import MissingInput
+from labkit.stages import records
 from labkit.stages.records import LOG_HISTORY, OUTCOME
 
 INITIAL = ("baseline", "preprocessing", "parameter_check")
@@ -97,7 +98,7 @@ def _run_measures(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]
     export_check = _read(run_dir / "export" / "reload_check.json").get("seconds")
     if export_check is not None:
         m["export_check"] = float(export_check)
-    fit = _read(run_dir / "parameter_check" / "fit.json").get("plan") or {}
+    fit = _read(run_dir / "parameter_check" / records.FIT).get("plan") or {}
     check = summaries["parameter_check"].get("seconds_per_step") or fit.get("seconds_per_step")
     if check:
         m["check_step"] = float(check)

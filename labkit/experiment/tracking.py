@@ -21,15 +21,16 @@ import yaml
 
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.stages import records
 
 
 STATE = "tracking/mlflow.json"
 MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_MAX_LOG_PARAMS")
 STATUS = {"running": "RUNNING", "completed": "FINISHED", "failed": "FAILED", "interrupted": "KILLED"}
 # the stage files whose numbers become MLflow metrics, under the stage's name
-METRIC_FILES = {"baseline": "baseline/baseline_metrics.json", "parameter_check": "parameter_check/fit.json",
-                "memory": "parameter_check/memory.json", "comparison": "comparison/tuned_metrics.json",
-                "verdict": "comparison/verdict.json", "training": "training/outcome.json"}
+METRIC_FILES = {"baseline": f"baseline/{records.BASELINE_METRICS}", "parameter_check": f"parameter_check/{records.FIT}",
+                "memory": f"parameter_check/{records.MEMORY}", "comparison": f"comparison/{records.TUNED_METRICS}",
+                "verdict": f"comparison/{records.VERDICT}", "training": f"training/{records.OUTCOME}"}
 
 
 def tracking_uri(uri: str, root: Path) -> str:

@@ -46,7 +46,7 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def _trim() -> None:
+def trim() -> None:
     """Return freed heap pages to the OS (glibc), so resident memory reflects live data."""
     gc.collect()
     try:
@@ -146,7 +146,7 @@ class PeakMemory:
 
         if self.device != "cuda":
             release_promptly()
-        _trim()
+        trim()
         if self.device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -185,7 +185,7 @@ class PeakMemory:
 
 
 def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]], seq_len: int, count: int,
-                         padded: bool = True) -> Any:
+                         padded: bool = True, encoded: list[Any] | None = None) -> Any:
     """Training examples of exactly `seq_len` tokens built from real rows (prompt masking kept).
 
     Encoded rows are concatenated and cut at `seq_len`; with `padded`, every second row is one token
@@ -198,6 +198,7 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
         seq_len: tokens per example.
         count: number of examples.
         padded: make batches carry one padding position.
+        encoded: `encode_rows(tokenizer, card, rows)` when already computed (sft).
     Returns:
         a datasets.Dataset with input_ids and labels; for dpo/orpo cards, preference pairs whose chosen
         sequence has `seq_len` tokens (`labkit.data.pairs.fixed_length_pairs`).
@@ -207,7 +208,7 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
     if card.train.trainer != "sft":
         return fixed_length_pairs(tokenizer, card, rows, seq_len, count)
 
-    encoded = encode_rows(tokenizer, card, rows)
+    encoded = encode_rows(tokenizer, card, rows) if encoded is None else encoded
     if not encoded:
         raise ValueError("fixed_length_dataset: no rows to build examples from")
     examples, ids, labels, k = [], [], [], 0
@@ -259,7 +260,7 @@ class _StepTimer:
 
 def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
                  output_dir: Path, device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
-                 **overrides: Any) -> dict[str, Any]:
+                 encoded: list[Any] | None = None, **overrides: Any) -> dict[str, Any]:
     """Run `steps` complete training steps of the stage-04 trainer at `seq_len`, measure their memory, then time them.
 
     The first step allocates the optimiser states; the second runs with them in place, so the peak over both is the
@@ -277,6 +278,7 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
         device: the model's device.
         steps: optimiser steps.
         eval_rows: validation rows (one evaluation batch, `eval.batch_size` rows) to time the trainer's evaluation on.
+        encoded: the rows encoded once (`encode_rows`), for `fixed_length_dataset`.
         overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
     Returns:
         {"seq_len", "micro_batch", "grad_accum", "memory": {...}, "step_seconds": [...], "seconds_per_step",
@@ -285,7 +287,7 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
     """
     micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
     accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
-    data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps)
+    data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
     memory_timer = _StepTimer()
     fixed = dict(max_steps=steps, lr_scheduler_type="constant", warmup_steps=0, logging_steps=steps, disable_tqdm=True)
     trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, **fixed, **overrides)

@@ -29,6 +29,8 @@ from labkit.core.device import DeviceProfile
 from labkit.model.loading import pick_dtype
 from labkit.model.method import apply_method
 from labkit.model.placement import decide
+from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
+from labkit.preflight.records import UPCAST_PREFIX, MemoryEstimate
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
 # card checks start fast
@@ -231,7 +233,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
 
 def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
                   checkpointing: bool | None = None, optimizer: str | None = None, padded: bool = True,
-                  params: dict[str, Any] | None = None, loss_fraction: float = 1.0) -> dict[str, Any]:
+                  params: dict[str, Any] | None = None, loss_fraction: float = 1.0) -> MemoryEstimate:
     """Estimate the peak memory of one complete training step (forward, loss, backward, optimiser update).
 
     Args:
@@ -247,7 +249,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         loss_fraction: the share of positions that carry a loss (completion tokens / tokens, from the data; 1.0 is
             the upper bound). On the CPU the loss head's logits cover only those positions.
     Returns:
-        {"breakdown": {term: bytes}, "peak_bytes", "step_bytes" (peak above the loaded weights), "phases",
+        {"breakdown": {term id: bytes} (`labkit.preflight.records.BREAKDOWN`), "peak_bytes", "step_bytes" (peak above
+         the loaded weights), "phases" ({phase id: bytes}), "alternatives",
          "architecture", "modelled", "note", ...}. With `modelled` false the activation terms are a Llama-shaped
         stand-in that no caller may show as an estimate (`note` says so).
     """
@@ -295,25 +298,21 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         # in the backward the logits' gradient and one temporary of the same size
         logits = tokens * shape.vocab * act_bytes
         head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
-    phases = {"end of forward": activations + head_fwd, "start of backward (loss head)": activations + head_bwd,
-              "optimiser update": grads}
+    phases = {"end_of_forward": activations + head_fwd, "start_of_backward": activations + head_bwd,
+              "optimizer_update": grads}
     if card.train.trainer == "dpo":  # the reference forward (no gradients) while the policy's activations are kept
-        phases["reference forward (no grad)"] = activations + head_fwd + layer_bytes
+        phases["reference_forward"] = activations + head_fwd + layer_bytes
     if ckpt:
-        phases["backward of a recomputed layer"] = activations + layer_bytes + grad_hidden + head_grad
+        phases["recomputed_layer_backward"] = activations + layer_bytes + grad_hidden + head_grad
     step = opt_states + max(phases.values())
     weights = params["frozen_bytes"] + params["quantised_bytes"] + params["trainable_bytes"]
-    breakdown = {
-        "weights (frozen)": params["frozen_bytes"], "weights (4-bit)": params["quantised_bytes"],
-        "trainable parameters": params["trainable_bytes"], "gradients": grads, "optimiser states": opt_states,
-        "activations": activations, "loss head buffers": max(head_fwd, head_bwd),
-    }
-    alternatives = {f"optimiser states, {name}": optimiser_bytes(params, name) for name in OPTIMIZERS}
+    breakdown = dict(zip(BREAKDOWN, (params["frozen_bytes"], params["quantised_bytes"], params["trainable_bytes"],
+                                     grads, opt_states, activations, max(head_fwd, head_bwd))))
+    alternatives = {OPTIMIZER_STATES_PREFIX + name: optimiser_bytes(params, name) for name in OPTIMIZERS}
     if card.method.kind == "qlora":  # what method.quantisation.upcast costs: all (PEFT's) vs norms only
-        for name, value in params["frozen_bytes_upcast"].items():
-            alternatives[f"weights (frozen), method.quantisation.upcast: {name}"] = value
-    alternatives["activations, no checkpointing"] = saved_plain + head_saved
-    alternatives["activations, checkpointing (+ one recomputed layer)"] = saved_ckpt + head_saved + layer_bytes
+        alternatives.update({UPCAST_PREFIX + name: value for name, value in params["frozen_bytes_upcast"].items()})
+    alternatives[ACTIVATIONS_PLAIN] = saved_plain + head_saved
+    alternatives[ACTIVATIONS_CHECKPOINTED] = saved_ckpt + head_saved + layer_bytes
     return {"architecture": arch["model_type"], "modelled": arch["modelled"], "note": arch["note"],
             "seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
             "loss_fraction": loss_fraction, "alternatives": alternatives,

@@ -27,6 +27,7 @@ from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError, ModelSourceError
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
+from labkit.preflight.records import FitVerdict, MemoryEstimate
 
 CUDA_CONTEXT_GIB = 0.5  # CUDA context + cuBLAS/cuDNN workspaces + kernel images; typically 0.3–0.6 GiB (CUDA 12)
 FRAGMENTATION = 0.10  # of the step's memory: blocks the caching allocator cannot reuse for a larger request
@@ -37,7 +38,7 @@ def _kind(device: str | DeviceProfile) -> str:
     return device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
 
 
-def overheads(card: Card, est: dict[str, Any], device: str | DeviceProfile, free_is_total: bool) -> dict[str, float]:
+def overheads(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free_is_total: bool) -> dict[str, float]:
     """The memory outside `estimate_step`'s count that a GPU process needs, by term (bytes; none on the CPU).
 
     Args:
@@ -46,26 +47,26 @@ def overheads(card: Card, est: dict[str, Any], device: str | DeviceProfile, free
         device: "cuda" / "cpu", or a device profile.
         free_is_total: the available memory is the card's total (no CUDA context allocated yet).
     Returns:
-        {term: bytes}.
+        {term id: bytes} (`labkit.preflight.records.OVERHEADS`; labels in `labkit.show.memory`).
     """
     if _kind(device) != "cuda":
         return {}
-    terms = {"allocator fragmentation": FRAGMENTATION * est["step_bytes"]}
+    terms = {"fragmentation": FRAGMENTATION * est["step_bytes"]}
     if free_is_total:
-        terms["CUDA context and kernels"] = CUDA_CONTEXT_GIB * GIB
+        terms["cuda_context"] = CUDA_CONTEXT_GIB * GIB
     if card.distributed.strategy in ("ddp", "fsdp"):
-        terms["NCCL buffers"] = NCCL_GIB * GIB
+        terms["nccl_buffers"] = NCCL_GIB * GIB
     if card.distributed.strategy == "ddp":
-        terms["DDP gradient buckets"] = est["breakdown"]["gradients"]
+        terms["ddp_buckets"] = est["breakdown"]["gradients"]
     return terms
 
 
-def paged_bytes(est: dict[str, Any]) -> float:
+def paged_bytes(est: MemoryEstimate) -> float:
     """Optimiser states a paged optimiser keeps in managed memory (they may page out to host memory)."""
-    return est["breakdown"]["optimiser states"] if est["optimizer"].startswith("paged") else 0.0
+    return est["breakdown"]["optimizer_states"] if est["optimizer"].startswith("paged") else 0.0
 
 
-def _needs(card: Card, est: dict[str, Any], device: str | DeviceProfile, free_is_total: bool) -> tuple[float, float]:
+def _needs(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free_is_total: bool) -> tuple[float, float]:
     """(bytes needed with everything on the device, bytes needed when paged states page out)."""
     total = est["peak_bytes"] + sum(overheads(card, est, device, free_is_total).values())
     return total, total - paged_bytes(est)
@@ -94,7 +95,7 @@ def largest_micro_batch(config: Any, card: Card, seq_len: int, free_bytes: float
 
 
 def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device: str | DeviceProfile = "cpu",
-                loss_fraction: float = 1.0, free_is_total: bool = False) -> dict[str, Any]:
+                loss_fraction: float = 1.0, free_is_total: bool = False) -> FitVerdict:
     """Does a step fit in `free_bytes`, with the GPU's margins? If not, what does (micro-batch, checkpointing).
 
     Args:

@@ -20,6 +20,9 @@ from labkit.model.loading import pick_dtype
 from labkit.model.method import kind_of
 from labkit.preflight.measure import PeakMemory, fixed_length_dataset
 from labkit.preflight.memory import estimate_step
+from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, AccumulationCheck, CheckpointingCheck
+from labkit.preflight.records import UpdateCheck
+from labkit.train.packing import pack
 from labkit.train.trainer import build_trainer, to_dataset
 
 # torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
@@ -100,7 +103,7 @@ def checksum(tensor: Any) -> tuple[int, int]:
     return int(total), int(weighted)
 
 
-def update_check(trainer: Any, card: Card, steps: int = 2) -> dict[str, Any]:
+def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
     """Run real optimiser steps and report, for every tensor, whether it changed.
 
     Passes only when (1) the trainable tensors are exactly the ones the method should train, (2) after
@@ -165,14 +168,15 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> dict[str, Any]:
     }
 
 
-def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> tuple[Any, list[int]]:
+def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
+                        encoded: list[Any] | None = None) -> tuple[Any, list[int]]:
     """The trainer's dataset of `rows` and, per row, the tokens its loss term averages over.
 
     sft: the completion tokens; orpo: prompt + chosen (its NLL term is a token mean); dpo: the answer tokens of
     both sequences (the DPO loss is a mean over pairs, so unequal counts must not matter).
     """
     if card.train.trainer == "sft":
-        data = to_dataset(tokenizer, card, rows)
+        data = to_dataset(tokenizer, card, rows) if encoded is None else _from_encoded(card, encoded)
         return data, [sum(x != -100 for x in labels) for labels in data["labels"]]
 
     data = pair_dataset(tokenizer, card, rows)
@@ -212,8 +216,17 @@ def _tolerance(device: str, card: Card) -> float:
     return 1e-4 if str(pick_dtype(card, device)) == "torch.float32" else 2e-2
 
 
+def _from_encoded(card: Card, encoded: list[Any]) -> Any:
+    """`to_dataset` of rows already encoded (`labkit.data.prompting.encode_rows`)."""
+    import datasets
+
+    examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encoded]
+    return datasets.Dataset.from_list(pack(examples, card.data.max_length) if card.train.packing else examples)
+
+
 def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                       device: str = "cpu", micro_batch: int | None = None, accum: int | None = None) -> dict[str, Any]:
+                       device: str = "cpu", micro_batch: int | None = None, accum: int | None = None,
+                       encoded: list[Any] | None = None) -> AccumulationCheck:
     """Micro-batch m × accumulation k must give the gradients of one batch of m·k rows.
 
     The rows are ordered by length, so the micro-batches hold different numbers of completion tokens:
@@ -225,12 +238,14 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
 
     Args:
         card: the card (train.loss_normalisation decides how the SFT trainer normalises).
-        make_model: returns a freshly loaded model with the method applied (same init each call).
+        make_model: returns the model with the method applied at its initial weights (a fresh load each call, or
+            `labkit.preflight.shared.SharedModel`, which restores them).
         tokenizer: the tokenizer.
         rows: prepared training rows (at least m·k).
         device: the device.
         micro_batch: m (default: the card's micro-batch).
         accum: k (default: the card's accumulation, at least 2).
+        encoded: the rows encoded once (sft), when already computed.
     Returns:
         {"ok", "relative_difference", "tolerance", "worst_tensor", "loss_normalisation", "micro_batch", "accum", …}.
     """
@@ -238,7 +253,7 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
     k = accum or max(card.train.grad_accum, 2)
     if len(rows) < m * k:
         raise ValueError(f"accumulation_check needs {m * k} training rows, got {len(rows)}")
-    data, counts = _dataset_and_tokens(tokenizer, card, rows)
+    data, counts = _dataset_and_tokens(tokenizer, card, rows, encoded)
     order = sorted(range(len(data)), key=counts.__getitem__)
     picked = order[: m * (k - 1)] + order[-m:]  # short completions first, the longest last: unequal token counts
     data = data.select(picked)
@@ -262,7 +277,8 @@ CPU_RESOLUTION_BYTES = 8 * 2**20
 
 
 def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                        seq_len: int, device: str = "cpu", config: Any = None) -> dict[str, Any]:
+                        seq_len: int, device: str = "cpu", config: Any = None,
+                        encoded: list[Any] | None = None) -> CheckpointingCheck:
     """Activation checkpointing must give the same loss and gradients, and use less memory.
 
     The memory is judged when the saving the estimate expects is one the measurement can resolve (always
@@ -270,17 +286,18 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
 
     Args:
         card: the card.
-        make_model: returns a freshly loaded model with the method applied.
+        make_model: returns the model with the method applied at its initial weights (or a `SharedModel`).
         tokenizer: the tokenizer.
         rows: prepared training rows.
         seq_len: tokens per example (e.g. the p95 of the training lengths).
         device: the device.
         config: the model's config, for the expected saving (`labkit.preflight.memory.estimate_step`).
+        encoded: the rows encoded once (`labkit.data.prompting.encode_rows`), when already computed.
     Returns:
         {"ok", "loss_plain", "loss_checkpointed", "relative_difference", "memory_plain_bytes", "memory_checkpointed_bytes",
          "memory_saving_expected_bytes", "memory_judged", …}.
     """
-    data = fixed_length_dataset(tokenizer, card, rows, seq_len, card.train.micro_batch)
+    data = fixed_length_dataset(tokenizer, card, rows, seq_len, card.train.micro_batch, encoded=encoded)
     common = {"per_device_train_batch_size": card.train.micro_batch, "gradient_accumulation_steps": 1}
     plain = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=False, **common)
     ckpt = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=True, **common)
@@ -297,8 +314,8 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
     if config is not None:
         est = estimate_step(config, card, seq_len, device=device)
         modelled = est["modelled"]  # an architecture the estimate does not model: no expected saving to judge by
-        expected = (est["alternatives"]["activations, no checkpointing"]
-                    - est["alternatives"]["activations, checkpointing (+ one recomputed layer)"]) if modelled else None
+        expected = (est["alternatives"][ACTIVATIONS_PLAIN] - est["alternatives"][ACTIVATIONS_CHECKPOINTED]
+                    if modelled else None)
     judged = modelled and (expected is None or expected >= (CPU_RESOLUTION_BYTES if device == "cpu" else 1))
     if judged and mem_ckpt >= mem_plain:
         problems.append(f"checkpointing did not lower the step's memory ({mem_ckpt / 2**20:.0f} MiB vs {mem_plain / 2**20:.0f} MiB)")
@@ -309,7 +326,7 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
             "memory_method": plain["memory"]["method"]}
 
 
-def summary_by_kind(update: dict[str, Any]) -> list[dict[str, Any]]:
+def summary_by_kind(update: UpdateCheck) -> list[dict[str, Any]]:
     """The update check per tensor kind (layer numbers folded): how many tensors, expected, moved at step 1 and in all."""
 
     groups: dict[str, dict[str, Any]] = defaultdict(lambda: {"tensors": 0, "expected": 0, "changed step 1": 0, "changed": 0,

@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from labkit.scoring.metrics import OTHER, _norm
+from labkit.show.memory import label as memory_label
 
 # what a per-category value is, said in the chart's title
 CATEGORY_TITLES = {"f1": "F1 (harmonic mean of precision and recall)", "per_category_f1": "F1",
@@ -96,12 +97,12 @@ def memory_breakdown(estimates: list[dict[str, Any]], measured: list[float | Non
     gib = 1024**3
     fig, ax = plt.subplots(figsize=(6.8, 3.8))
     labels = [f"{e['seq_len']} tokens × {e['micro_batch']}" for e in estimates]
-    parts = ["weights (frozen)", "weights (4-bit)", "trainable parameters", "optimiser states"]
+    parts = ["weights_frozen", "weights_4bit", "trainable_parameters", "optimizer_states"]
     bottom = [0.0] * len(estimates)
     for part in parts:
         values = [e["breakdown"][part] / gib for e in estimates]
         if any(values):
-            ax.bar(labels, values, bottom=bottom, label=part, width=0.5)
+            ax.bar(labels, values, bottom=bottom, label=memory_label(part), width=0.5)
             bottom = [b + v for b, v in zip(bottom, values)]
     rest = [(e["peak_bytes"] / gib) - b for e, b in zip(estimates, bottom)]
     ax.bar(labels, rest, bottom=bottom, label="activations, loss head, gradients (at the peak phase)", width=0.5)

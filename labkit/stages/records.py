@@ -34,6 +34,16 @@ LEAKAGE = "leakage.json"
 CLEANING = "cleaning.json"
 PLANTED = "planted.json"
 
+# stage 03 · parameter_check/: written by labkit.stages.parameter_check
+MATCHED_MODULES = "matched_modules.json"
+PARAMETERS = "parameters.json"
+UPDATE_CHECK = "update_check.json"
+MEMORY = "memory.json"  # MemoryReport: lengths, estimates, measured, comparison, generation
+MEMORY_PLOT = "memory.png"
+FIT = "fit.json"  # {"verdict": FitVerdict, "plan": TimePlan}
+ACCUMULATION_CHECK = "accumulation_check.json"
+CHECKPOINTING_CHECK = "checkpointing_check.json"
+
 # stage 04 · training/
 OUTCOME = "outcome.json"
 LOG_HISTORY = "log_history.jsonl"

@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 
 from labkit.core import io
 from labkit.core.protocol import experiment_runs
+from labkit.stages import records
 from labkit.stages.records import TUNED_METRICS, read_outcome
 
 
@@ -42,9 +43,8 @@ def run_metrics(run_dir: Path, price_per_gpu_hour: float = 0.0) -> RunMetrics:
         the RunMetrics.
     """
     outcome: dict[str, Any] = dict(read_outcome(run_dir) or {})
-    # stage 03's files, by their names (labkit.stages.parameter_check writes them)
-    fit = _json(run_dir / "parameter_check" / "fit.json").get("plan") or {}
-    memory = _json(run_dir / "parameter_check" / "memory.json").get("comparison") or []
+    fit = _json(run_dir / "parameter_check" / records.FIT).get("plan") or {}
+    memory = _json(run_dir / "parameter_check" / records.MEMORY).get("comparison") or []
     seconds = (outcome.get("metrics") or {}).get("train_runtime")
     epochs = (outcome.get("metrics") or {}).get("epoch")
     tokens = fit.get("train_tokens") * epochs if fit.get("train_tokens") and epochs else None

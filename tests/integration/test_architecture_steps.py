@@ -23,7 +23,8 @@ from labkit.model.method import apply_method
 from labkit.model.sources import resolve
 from labkit.preflight.memory import architecture, estimate_step
 from labkit.preflight.stepchecks import update_check
-from labkit.stages.parameter_check import breakdown_rows, compare
+from labkit.preflight.memory_check import compare
+from labkit.show.memory import breakdown_rows
 from labkit.stages.preprocessing import model_checks
 from labkit.train.trainer import build_trainer
 
@@ -83,7 +84,7 @@ def test_real_size_configs_on_meta() -> None:
                          num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0)
     est = estimate_step(llama3, card, 512, micro_batch=2)
     assert est["modelled"] and est["shape"]["kv_heads"] == 8 and est["shape"]["vocab"] == 128256
-    assert 7.9e9 < sum(est["breakdown"][k] for k in ("weights (frozen)",)) / 4 < 8.1e9  # 8.03B float32 weights
+    assert 7.9e9 < sum(est["breakdown"][k] for k in ("weights_frozen",)) / 4 < 8.1e9  # 8.03B float32 weights
     unpadded = estimate_step(llama3, card, 512, micro_batch=2, padded=False)
     assert unpadded["activation_units_per_token_layer"]["keys, values"] == 2 * 8 * 128  # GQA: K/V at 8 heads
     phi2 = PhiConfig(hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,

@@ -21,8 +21,6 @@ WRITERS = {"save_json", "save_jsonl", "save_text", "write_json", "write_jsonl", 
            "to_csv", "to_json", "to_parquet", "copyfile", "copy2", "copytree", "move", "rmtree", "unlink", "touch"}
 FILE_MODULES = {"os", "shutil"}  # any call on these (os.remove, shutil.copy, …) changes files
 MAGICS = {"writefile", "store"}  # %%writefile, %store
-# stage 03 still writes memory.json, fit.json and its summary in its cells until the stage03 branch is merged
-STILL_WRITING = {"parameter_check": "fixed by the stage03 branch (stage 03 moves its writes into its module)"}
 
 
 def _mode(call: ast.Call, position: int) -> str:
@@ -106,8 +104,7 @@ def test_contract(stage: str) -> None:
     assert "stage.done(" in (STAGES_DIR / f"{stage}.py").read_text(encoding="utf-8") + code
 
 
-@pytest.mark.parametrize("stage", [pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=STILL_WRITING[s]))
-                                   if s in STILL_WRITING else s for s in STAGES])
+@pytest.mark.parametrize("stage", STAGES)
 def test_cells_write_no_file_and_assemble_no_summary(stage: str) -> None:
     """Cells call, show and explain; every file of a stage's folder and its summary are its module's, so editing a
     cell cannot break `labkit plan`, `compare` or the budget status."""

@@ -10,7 +10,7 @@ import pytest
 from labkit.card.load import load_card
 from labkit.card.schema import Card
 from labkit.card.update import updated
-from labkit.stages.parameter_check import packed_lengths, row_lengths, time_plan
+from labkit.preflight.timeplan import packed_lengths, row_lengths, time_plan
 
 REPO = Path(__file__).resolve().parents[3]
 # one micro-batch costs L / 100 seconds at padded length L; the first step took 0.5 s more (optimiser states)

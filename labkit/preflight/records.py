@@ -1,0 +1,142 @@
+"""The typed records of the pre-run checks: what the estimate, the measurement, the fit verdict, the time plan and
+the step checks return, and what stage 03 writes to disk (the same dicts, serialised as JSON).
+
+The memory estimate's terms are keyed by identifiers (`BREAKDOWN`, `PHASES`, the alternatives' keys); their display
+labels live in `labkit.show.memory`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# the memory estimate's terms, by identifier (labkit.show.memory.LABELS says how each one is shown)
+BREAKDOWN = ("weights_frozen", "weights_4bit", "trainable_parameters", "gradients", "optimizer_states", "activations",
+             "loss_head_buffers")
+PHASES = ("end_of_forward", "start_of_backward", "optimizer_update", "reference_forward", "recomputed_layer_backward")
+ACTIVATIONS_PLAIN = "activations_plain"  # alternatives: activations without checkpointing
+ACTIVATIONS_CHECKPOINTED = "activations_checkpointed"  # with checkpointing (+ one recomputed layer)
+OPTIMIZER_STATES_PREFIX = "optimizer_states_"  # alternatives: optimizer_states_<train.optimizer>
+UPCAST_PREFIX = "weights_frozen_upcast_"  # alternatives (qlora): weights_frozen_upcast_<all | norms>
+# the GPU margins outside the estimate (labkit.preflight.sizing.overheads)
+OVERHEADS = ("fragmentation", "cuda_context", "nccl_buffers", "ddp_buckets")
+
+
+class MemoryEstimate(TypedDict):
+    """`labkit.preflight.memory.estimate_step`: one training step's memory, in bytes, before anything is allocated."""
+
+    architecture: str
+    modelled: bool
+    note: str | None
+    seq_len: int
+    micro_batch: int
+    checkpointing: bool
+    optimizer: str
+    device: str
+    loss_fraction: float
+    alternatives: dict[str, float]
+    dtype: str
+    shape: dict[str, int]
+    trainable: int
+    adapted: list[str]
+    activation_units_per_token_layer: dict[str, float]
+    activations_per_layer_bytes: float
+    breakdown: dict[str, float]
+    phases: dict[str, float]
+    weights_bytes: float
+    step_bytes: float
+    peak_bytes: float
+    trainer: str
+    rows: int
+    unfused_logits_bytes: int
+
+
+class FitOption(TypedDict):
+    """A smaller step that fits: micro-batch and checkpointing, and its estimated peak."""
+
+    micro_batch: int
+    checkpointing: bool
+    peak_bytes: float
+
+
+class FitVerdict(TypedDict):
+    """`labkit.preflight.sizing.fit_verdict`: does the step fit, with the GPU's margins (`OVERHEADS`)?"""
+
+    needed_bytes: float
+    overheads: dict[str, float]
+    paged_bytes: float
+    peak_bytes: float
+    fits: bool
+    spare_bytes: float
+    options: list[FitOption]
+    message: str
+
+
+class TimePlan(TypedDict):
+    """`labkit.preflight.timeplan.time_plan`: the training time predicted from the measured steps."""
+
+    steps: int
+    rows_per_epoch: int
+    examples_per_step: float
+    seconds_per_step: float
+    train_seconds: float
+    evaluations: int
+    evaluation_seconds: float
+    hours: float
+    cost: float
+    within_budget: bool
+    train_tokens: int
+    packed: bool
+
+
+class UpdateCheck(TypedDict):
+    """`labkit.preflight.stepchecks.update_check`: which tensors real optimiser steps changed."""
+
+    ok: bool
+    problems: list[str]
+    steps: int
+    expected: int
+    trainable: int
+    changed: int
+    changed_step_1: int
+    first_step_movers: int
+    unchanged_expected: list[str]
+    changed_frozen: list[str]
+    tensors: list[dict[str, Any]]
+    seconds: float
+    seconds_per_step: float
+
+
+class AccumulationCheck(TypedDict):
+    """`labkit.preflight.stepchecks.accumulation_check`: micro-batch m × accumulation k against one batch of m·k."""
+
+    ok: bool
+    relative_difference: float
+    tolerance: float
+    worst_tensor: str
+    note: str | None
+    trainer: str
+    loss_normalisation: str
+    micro_batch: int
+    accum: int
+    tokens_per_micro_batch: list[int]
+    loss_whole: float
+    loss_accumulated: float
+
+
+class CheckpointingCheck(TypedDict):
+    """`labkit.preflight.stepchecks.checkpointing_check`: the same loss and gradients with checkpointing, less memory."""
+
+    ok: bool
+    problems: list[str]
+    seq_len: int
+    micro_batch: int
+    memory_saving_expected_bytes: float | None
+    memory_judged: bool
+    loss_plain: float
+    loss_checkpointed: float
+    relative_difference: float
+    worst_tensor: str
+    tolerance: float
+    memory_plain_bytes: int
+    memory_checkpointed_bytes: int
+    memory_method: str

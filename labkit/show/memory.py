@@ -1,0 +1,74 @@
+"""How the memory estimate's terms are shown: the display label of each identifier key, and the estimate as a table.
+
+`labkit.preflight.memory.estimate_step` keys its breakdown, phases and alternatives, and
+`labkit.preflight.sizing.overheads` its GPU margins, by identifiers (`labkit.preflight.records`); the labels a
+reader sees (`labkit estimate`, stage 03's table and plot) are here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labkit.preflight.memory import GIB
+from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, MemoryEstimate
+
+LABELS = {
+    # breakdown
+    "weights_frozen": "weights (frozen)", "weights_4bit": "weights (4-bit)", "trainable_parameters": "trainable parameters",
+    "gradients": "gradients", "optimizer_states": "optimiser states", "activations": "activations",
+    "loss_head_buffers": "loss head buffers",
+    # phases
+    "end_of_forward": "end of forward", "start_of_backward": "start of backward (loss head)",
+    "optimizer_update": "optimiser update", "reference_forward": "reference forward (no grad)",
+    "recomputed_layer_backward": "backward of a recomputed layer",
+    # alternatives
+    "activations_plain": "activations, no checkpointing",
+    "activations_checkpointed": "activations, checkpointing (+ one recomputed layer)",
+    # GPU margins (labkit.preflight.sizing.overheads)
+    "fragmentation": "allocator fragmentation", "cuda_context": "CUDA context and kernels", "nccl_buffers": "NCCL buffers",
+    "ddp_buckets": "DDP gradient buckets",
+}
+
+
+def label(key: str) -> str:
+    """The display label of a memory term's identifier (`optimizer_states_adamw_8bit` → "optimiser states, adamw_8bit").
+
+    Args:
+        key: an identifier of the estimate's breakdown, phases, alternatives or of the GPU margins.
+    Returns:
+        the label; an unknown key as it is.
+    """
+    if key in LABELS:
+        return LABELS[key]
+    if key.startswith(OPTIMIZER_STATES_PREFIX):
+        return f"optimiser states, {key[len(OPTIMIZER_STATES_PREFIX):]}"
+    if key.startswith(UPCAST_PREFIX):
+        return f"weights (frozen), method.quantisation.upcast: {key[len(UPCAST_PREFIX):]}"
+    return key
+
+
+def breakdown_rows(estimates: list[MemoryEstimate]) -> list[dict[str, Any]]:
+    """The estimate's terms (GiB) per sequence length, and the phase that sets the peak (or why there is no estimate).
+
+    Args:
+        estimates: `labkit.preflight.memory.estimate_step` results, one per length.
+    Returns:
+        rows {"term": label, "<seq_len> tokens": GiB, …}.
+    """
+    if estimates and not estimates[0].get("modelled", True):
+        return [{"term": estimates[0]["note"]}]
+    rows = []
+
+    def row(term: str, values: list[float]) -> None:
+        rows.append({"term": term, **{f"{e['seq_len']} tokens": v / GIB for e, v in zip(estimates, values)}})
+
+    for key in estimates[0]["breakdown"]:
+        row(label(key), [e["breakdown"][key] for e in estimates])
+    for key in estimates[0]["phases"]:
+        row(f"phase: {label(key)} (above weights and optimiser states)", [e["phases"][key] for e in estimates])
+    row("PEAK (weights + optimiser states + largest phase)", [e["peak_bytes"] for e in estimates])
+    for key in estimates[0]["alternatives"]:
+        row(f"alternative: {label(key)}", [e["alternatives"][key] for e in estimates])
+    row("alternative: full logits, log-softmax and its gradient (an unfused loss)",
+        [e["unfused_logits_bytes"] for e in estimates])
+    return rows

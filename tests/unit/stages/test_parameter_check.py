@@ -1,0 +1,95 @@
+"""Stage 03's module on the smoke card (tiny model, real trainer): it writes every file the stage owns, its summary
+keeps the keys its readers use and adds each check's seconds, its decision raises a labkit error, and the shared
+model leaves the checks as it was loaded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import REPO
+
+from labkit.core import io
+from labkit.data.prompting import encode_rows
+from labkit.errors import LabkitError, StageFailed
+from labkit.stages.run_metrics import run_metrics
+from labkit.stages import parameter_check as pc
+from labkit.stages.context import open_stage
+from labkit.stages.preprocessing import length_stats
+
+FILES = {pc.MATCHED_FILE, pc.PARAMETERS_FILE, pc.UPDATE_FILE, pc.MEMORY_FILE, pc.MEMORY_PLOT, pc.FIT_FILE,
+         pc.ACCUMULATION_FILE, pc.CHECKPOINTING_FILE, "summary.json"}
+
+
+@pytest.fixture(scope="module")
+def stage03():
+    """Stage 03 through the module's functions, as the notebook calls them, on a fresh interactive smoke run."""
+    stage = open_stage("parameter_check", str(REPO / "params" / "smoke.yaml"), "")
+    encoded = {s: encode_rows(stage.tokenizer, stage.card, stage.split(s)) for s in ("train", "validation")}
+    io.write_json(stage.run.dir / "preprocessing" / "lengths.json", length_stats(stage.card, encoded))  # stage 02's
+    checks = pc.open_checks(stage)
+    pc.target_modules(stage, checks)
+    pc.parameters(stage, checks)
+    pc.update(stage, checks)
+    pc.estimate(stage, checks)
+    pc.measure_memory(stage, checks, pc.generation(stage, checks))
+    pc.plot_memory(stage, checks)
+    pc.fit(stage, checks)
+    pc.accumulation(stage, checks)
+    pc.checkpointing(stage, checks)
+    summary = pc.decide(stage, checks)
+    return stage, checks, summary
+
+
+def test_the_module_writes_every_file_of_the_stage(stage03) -> None:
+    stage, checks, summary = stage03
+    assert {p.name for p in stage.out.iterdir()} == FILES
+    memory = json.loads(stage.path(pc.MEMORY_FILE).read_text())
+    assert set(memory) == {"lengths", "estimates", "measured", "comparison", "generation"}
+    assert len(memory["measured"]) == len(memory["comparison"]) == len(checks.lengths) == 2
+    fit = json.loads(stage.path(pc.FIT_FILE).read_text())
+    assert set(fit) == {"verdict", "plan"} and fit["plan"]["train_seconds"] > 0 and fit["verdict"]["fits"]
+    for name in (pc.UPDATE_FILE, pc.ACCUMULATION_FILE, pc.CHECKPOINTING_FILE):
+        assert json.loads(stage.path(name).read_text())["ok"], name
+    assert stage.path(pc.MEMORY_PLOT).stat().st_size > 1000
+
+
+def test_summary_keeps_its_readers_keys_and_times_each_check(stage03) -> None:
+    stage, checks, summary = stage03
+    written = json.loads(stage.path("summary.json").read_text())
+    assert written == json.loads(json.dumps(summary))
+    assert set(pc.SUMMARY_KEYS) <= set(written) and written["update_ok"] is True and written["method"] == "lora"
+    assert written["seconds_per_step"] == checks.fit["plan"]["seconds_per_step"] > 0
+    assert len(written["estimate_error"]) == len(written["peak_gib"]) == 2
+    timed = written["check_seconds"]
+    assert set(timed) == {"load_model", "tokenise", "update_check", "memory_measurement", "accumulation_check",
+                          "checkpointing_check"}
+    assert all(v >= 0 for v in timed.values()) and timed["memory_measurement"] > 0
+    assert written["seconds"] >= sum(timed.values()) - 1  # the stage's wall time covers its checks
+
+
+def test_run_metrics_reads_the_stage_files(stage03) -> None:
+    stage, checks, _ = stage03
+    got = run_metrics(stage.run.dir)
+    assert got["predicted_train_seconds"] == pytest.approx(checks.fit["plan"]["train_seconds"])
+    assert got["peak_memory_gib"] == pytest.approx(max(r["peak_gib_measured"] for r in checks.memory["comparison"]))
+
+
+def test_the_shared_model_leaves_the_checks_as_it_was_loaded(stage03) -> None:
+    _, checks, _ = stage03
+    assert checks.model.restores >= 7  # update, two lengths, two arms each of accumulation and checkpointing, the end
+    assert checks.model.changed() == []
+    assert not checks.model.model.is_activation_checkpointing
+    assert all(p.grad is None for p in checks.model.model.parameters())
+
+
+def test_a_failed_check_raises_a_labkit_error_listing_it(stage03) -> None:
+    stage, checks, _ = stage03
+    update = checks.update
+    try:
+        checks.update = {**update, "ok": False, "problems": ["3 tensors that must stay frozen changed, e.g. x"]}
+        with pytest.raises(StageFailed, match="update check: 3 tensors that must stay frozen changed") as failed:
+            pc.decide(stage, checks)
+        assert isinstance(failed.value, LabkitError)
+    finally:
+        checks.update = update
