@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import datasets
 import psutil
+import torch
 
 from labkit.card.schema import Card
 from labkit.data.pairs import fixed_length_pairs
 from labkit.data.prompting import IGNORE, encode_rows
+from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer
-
-# datasets, torch, transformers take seconds to import: imported inside the functions that use them, so `labkit`
-# commands and card checks start fast
 
 _STATUS = Path("/proc/self/status")
 
@@ -101,8 +101,6 @@ def _reset_hwm() -> bool:
 def touch_weights(model: Any) -> None:
     """Read every weight once: weights loaded from safetensors can be file-backed pages that only become
     resident when first used, which would otherwise be counted as the step's memory."""
-    import torch
-
     with torch.no_grad():
         for tensor in list(model.parameters()) + list(model.buffers()):
             if tensor.device.type == "cpu" and tensor.numel():
@@ -117,8 +115,6 @@ def free_device_memory(device: str) -> int:
     estimate counts) is added back. CPU: the available system memory.
     """
     if device.split(":")[0] == "cuda":
-        import torch
-
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -142,8 +138,6 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "PeakMemory":
-        import torch
-
         if self.device != "cuda":
             release_promptly()
         trim()
@@ -167,8 +161,6 @@ class PeakMemory:
             self.peak = max(self.peak, _rss())
 
     def __exit__(self, *exc: Any) -> None:
-        import torch
-
         if self.device == "cuda":
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated()
@@ -203,8 +195,6 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
         a datasets.Dataset with input_ids and labels; for dpo/orpo cards, preference pairs whose chosen
         sequence has `seq_len` tokens (`labkit.data.pairs.fixed_length_pairs`).
     """
-    import datasets
-
     if card.train.trainer != "sft":
         return fixed_length_pairs(tokenizer, card, rows, seq_len, count)
 
@@ -238,26 +228,6 @@ def loss_fraction(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> flo
     return sum(sum(1 for x in e.labels if x != IGNORE) for e in encoded) / tokens if tokens else 1.0
 
 
-class _StepTimer:
-    def __init__(self) -> None:
-        self.seconds: list[float] = []
-        self._t = 0.0
-
-    def callback(self) -> Any:
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class _Timer(TrainerCallback):
-            def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                outer._t = time.perf_counter()
-
-            def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                outer.seconds.append(time.perf_counter() - outer._t)
-
-        return _Timer()
-
-
 def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
                  output_dir: Path, device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
                  encoded: list[Any] | None = None, **overrides: Any) -> dict[str, Any]:
@@ -288,23 +258,23 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
     micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
     accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
     data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
-    memory_timer = _StepTimer()
+    memory_timer = StepTimer()
     fixed = dict(max_steps=steps, lr_scheduler_type="constant", warmup_steps=0, logging_steps=steps, disable_tqdm=True)
     trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, **fixed, **overrides)
-    trainer.add_callback(memory_timer.callback())
+    trainer.add_callback(memory_timer)
     touch_weights(model)
     with PeakMemory(device) as peak:
         trainer.train()
     loss = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     del trainer
-    timer, evaluation = _StepTimer(), {"eval_seconds": None, "eval_tokens": None}
+    timer, evaluation = StepTimer(), {"eval_seconds": None, "eval_tokens": None}
     if device.split(":")[0] != "cuda":
         fast_allocator()
     try:
         timed = build_trainer(card, model, tokenizer, data, output_dir / "timed", device=device,
                               eval_rows=(eval_rows or None) if card.train.trainer == "sft" else None,
                               eval_strategy="no", **fixed, **overrides)
-        timed.add_callback(timer.callback())
+        timed.add_callback(timer)
         timed.train()
         if eval_rows and card.train.trainer == "sft":
             evaluation = _time_evaluation(timed)

@@ -24,6 +24,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import torch
+from transformers import AutoModelForCausalLM
+
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.core.device import DeviceProfile
 from labkit.model.loading import pick_dtype
@@ -31,9 +34,6 @@ from labkit.model.method import apply_method
 from labkit.model.placement import decide
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
 from labkit.preflight.records import UPCAST_PREFIX, MemoryEstimate
-
-# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 GIB = 1024**3
 TOKEN_TILE = 4096  # trl.kernels.chunked_logprob.TOKEN_CHUNK_SIZE (TRL 1.16)
@@ -106,9 +106,6 @@ def meta_model(config: Any, card: Card) -> Any:
     Returns:
         the (PEFT-wrapped for lora/qlora) model whose parameters live on `meta`.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=card.model.trust_remote_code)
     return apply_method(model, card, meta=True)

@@ -23,9 +23,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoConfig, PretrainedConfig
+
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError, ModelSourceError
+from labkit.model.placement import decide
+from labkit.model.sources import parse_source, resolve
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
 from labkit.preflight.records import FitVerdict, MemoryEstimate
 
@@ -146,10 +150,6 @@ def estimate_config(card: Card, card_path: Path, config_path: str | None = None)
     Raises:
         ModelSourceError: no config is available offline (the message names the file to add).
     """
-    from transformers import AutoConfig, PretrainedConfig
-
-    from labkit.model.sources import parse_source, resolve
-
     if config_path:
         return AutoConfig.for_model(**json.loads(Path(config_path).read_text()))
     parts = parse_source(card.model.source)
@@ -192,8 +192,6 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
     Returns:
         {"device", "decisions", "seq_len", "estimate", "verdict", "largest_micro_batch": {"plain", "checkpointing"}}.
     """
-    from labkit.model.placement import decide
-
     profile = gpu_profile(gpu_memory_gib, capability)
     made = decide(card, profile, world_size=1, kernels={})
     config = estimate_config(card, card_path, config_path)

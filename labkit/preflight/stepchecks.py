@@ -14,6 +14,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
+import datasets
+import torch
+
 from labkit.card.schema import Card
 from labkit.data.pairs import to_dataset as pair_dataset
 from labkit.model.loading import pick_dtype
@@ -22,11 +25,9 @@ from labkit.preflight.measure import PeakMemory, fixed_length_dataset
 from labkit.preflight.memory import estimate_step
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, AccumulationCheck, CheckpointingCheck
 from labkit.preflight.records import UpdateCheck
+from labkit.train.callbacks import Snapshots
 from labkit.train.packing import pack
 from labkit.train.trainer import build_trainer, to_dataset
-
-# torch, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 
 def expected_trainable(model: Any, card: Card) -> set[str]:
@@ -55,32 +56,6 @@ def first_step_movers(expected: set[str], card: Card) -> set[str]:
     return {n for n in expected if ".lora_A." not in n}
 
 
-class _Snapshots:
-    """Trainer callback: copies of the trainable tensors after each optimiser step, and gradients before it."""
-
-    def __init__(self, keep_grads: bool = False) -> None:
-        self.after_step: list[dict[str, Any]] = []
-        self.grads: list[dict[str, Any]] = []
-        self.keep_grads = keep_grads
-
-    def callback(self) -> Any:
-        from transformers import TrainerCallback
-
-        outer = self
-
-        class _Cb(TrainerCallback):
-            def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003
-                if outer.keep_grads:
-                    outer.grads.append({n: p.grad.detach().float().clone() for n, p in model.named_parameters()
-                                        if p.grad is not None})
-
-            def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003
-                if not outer.keep_grads:
-                    outer.after_step.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
-
-        return _Cb()
-
-
 _CHUNK = 1 << 22  # elements per chunk of a checksum (32 MiB of int64 at a time)
 
 
@@ -90,8 +65,6 @@ def checksum(tensor: Any) -> tuple[int, int]:
     Any change of a single element changes them, so a frozen tensor is verified unchanged without a copy of it
     (a second model's worth of memory on the GPU for a full copy of the base).
     """
-    import torch
-
     flat = tensor.detach().reshape(-1)
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[flat.element_size()]
     bits = flat.view(ints)
@@ -119,16 +92,14 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
     Returns:
         {"ok", "problems", "steps", "expected", "trainable", "changed", "tensors": [...], "seconds_per_step", …}.
     """
-    import torch
-
     model = trainer.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     expected = expected_trainable(model, card)
     copied = trainable | expected
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n in copied}
     sums = {n: checksum(p) for n, p in model.named_parameters() if n not in copied}
-    snaps = _Snapshots()
-    trainer.add_callback(snaps.callback())
+    snaps = Snapshots()
+    trainer.add_callback(snaps)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -188,11 +159,11 @@ def _one_update(card: Card, make_model: Callable[[], Any], tokenizer: Any, data:
                 measure: bool = False, **overrides: Any) -> dict[str, Any]:
     """Gradients (before the optimiser) and loss of one optimiser step of the stage-04 trainer."""
     model = make_model()
-    snaps = _Snapshots(keep_grads=True)
+    snaps = Snapshots(keep_grads=True)
     trainer = build_trainer(card, model, tokenizer, data, Path(tempfile.mkdtemp(prefix="labkit-check-")), device=device,
                             max_steps=1, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, max_grad_norm=0.0,
                             train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
-    trainer.add_callback(snaps.callback())
+    trainer.add_callback(snaps)
     with PeakMemory(device) as peak:
         trainer.train()
     loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
@@ -218,8 +189,6 @@ def _tolerance(device: str, card: Card) -> float:
 
 def _from_encoded(card: Card, encoded: list[Any]) -> Any:
     """`to_dataset` of rows already encoded (`labkit.data.prompting.encode_rows`)."""
-    import datasets
-
     examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encoded]
     return datasets.Dataset.from_list(pack(examples, card.data.max_length) if card.train.packing else examples)
 

@@ -6,7 +6,6 @@ and interactively (run_dir "" → the newest unfinished interactive run of this 
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 import warnings
@@ -14,13 +13,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import datasets.utils.logging  # noqa: F401  (adds its stderr handler on import: `capture_library_logs` removes it)
+import transformers.utils.logging
+from transformers import AutoConfig
+
 from labkit.card.load import LoadedCard, load_card
 from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
-from labkit.core.kernel import LIBRARY_LOGGERS
+from labkit.core.kernel import log_libraries_to, plain_bars
 from labkit.core.protocol import pin_card
 from labkit.core.run_card import complete, resolved_card
 from labkit.data.prepare import load_split, prepare
@@ -31,9 +34,6 @@ from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
 from labkit.preflight.measure import release_promptly
-
-# tqdm, transformers take seconds to import: imported inside the functions that use them, so `labkit` commands and
-# card checks start fast
 
 
 class Stage:
@@ -90,8 +90,6 @@ class Stage:
     @cached_property
     def model_config(self) -> Any:
         """The base model's transformers config (read from its folder; no weights are loaded)."""
-        from transformers import AutoConfig
-
         return AutoConfig.from_pretrained(self.model_source.location, trust_remote_code=self.card.model.trust_remote_code,
                                           **self.model_source.from_pretrained_kwargs())
 
@@ -162,26 +160,17 @@ class Stage:
 
 def _quiet_batch() -> None:
     """Plain-text progress bars under `labkit run` (widgets do not survive in archived notebooks), written to stdout
-    (stderr renders as an error-coloured block in an archived notebook), and no library-internal deprecation noise a
-    user cannot act on."""
+    (stderr renders as an error-coloured block in an archived notebook; `labkit.core.kernel.plain_bars`), and no
+    library-internal deprecation noise a user cannot act on."""
     warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
     if os.environ.get("LABKIT_BATCH") == "1":
-        import sys
-
-        import tqdm.auto
-        import tqdm.std
-
-        class StdoutTqdm(tqdm.std.tqdm):  # type: ignore[misc]
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                kwargs.setdefault("file", sys.stdout)
-                super().__init__(*args, **kwargs)
-
-        tqdm.auto.tqdm = StdoutTqdm  # before transformers/datasets import it
+        plain_bars()
 
 
 def capture_library_logs(run_dir: Path, stage: str) -> Path:
     """Send the libraries' log records and Python warnings to the run's `logs/libraries.log` instead of stderr, where
-    an archived notebook shows them as error-coloured blocks; print one line saying where they are.
+    an archived notebook shows them as error-coloured blocks (`labkit.core.kernel.log_libraries_to`); print one line
+    saying where they are.
 
     Args:
         run_dir: the run folder.
@@ -189,25 +178,8 @@ def capture_library_logs(run_dir: Path, stage: str) -> Path:
     Returns:
         the log file.
     """
-    import datasets.utils.logging  # noqa: F401  (configures its stderr handler on import: removed below)
-    import transformers.utils.logging
-
     transformers.utils.logging.get_logger()  # its stderr handler is added on first use: now, so it can be removed
-    path = run_dir / "logs" / "libraries.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {stage} %(name)s %(levelname)s: %(message)s"))
-    handler.labkit = True  # type: ignore[attr-defined]
-    logging.captureWarnings(True)
-    for name in LIBRARY_LOGGERS:
-        logger = logging.getLogger(name)
-        for old in list(logger.handlers):
-            if getattr(old, "labkit", False) or type(old) is logging.StreamHandler:
-                logger.removeHandler(old)
-        logger.addHandler(handler)
-        logger.propagate = False
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.WARNING)
+    path = log_libraries_to(run_dir, stage)
     print(f"library messages (transformers, datasets, bitsandbytes, warnings) are logged to {path}")
     return path
 

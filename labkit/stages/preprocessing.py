@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, cast
 
+from transformers import AutoConfig, GenerationConfig
+
 from labkit.card.schema import Card
 from labkit.data.checks import raise_on_failed, run_checks
 from labkit.data.lengths import LengthStats, length_stats
@@ -34,9 +36,6 @@ from labkit.stages.records import (
 
 __all__ = ["Inspection", "category_counts", "decide", "inspect", "model_checks", "pick_samples", "planted_vs_found",
            "raise_on_failed", "run_checks"]
-
-# transformers takes seconds to import: imported inside the functions that use them, so `labkit` commands and card
-# checks start fast
 
 
 @dataclass
@@ -139,8 +138,6 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
     Returns:
         check rows like `run_checks` (split "model", no row ids).
     """
-    from transformers import AutoConfig, GenerationConfig
-
     kwargs = {"trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
     config = AutoConfig.from_pretrained(resolved.location, **kwargs)
     try:

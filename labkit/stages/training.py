@@ -35,12 +35,10 @@ from labkit.stages.records import (
     TrainingSummary,
 )
 from labkit.train.distributed import accelerate_config, launch_command
+from labkit.train.early_stopping import summary as early_stopping_summary
 from labkit.train.packing import isolation_check
 from labkit.train.resilience import last_checkpoint
 from labkit.train.trainer import build_trainer, loss_history
-
-# transformers (labkit.train.early_stopping) takes seconds to import: imported inside the functions that use them, so
-# `labkit` commands and card checks start fast
 
 
 def train(stage: Stage) -> TrainingOutcome:
@@ -51,8 +49,6 @@ def train(stage: Stage) -> TrainingOutcome:
     Returns:
         the outcome (written to training/outcome.json by rank 0).
     """
-    from labkit.train.early_stopping import summary as early_stopping_summary
-
     card = stage.card
     model = apply_method(stage.load_model(), card)
     if card.train.packing:
