@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from labkit.core import progress
-from labkit.train.callbacks import eta
 
 
 def test_emit_writes_only_under_labkit_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,9 +42,3 @@ def test_follower_prints_the_newest_update_per_phase_and_always_the_last(tmp_pat
             handle.write(json.dumps({"stage": "training", "phase": "train", "total": 8, **event}) + "\n")
     assert follower.poll() == ["    training: step 8/8 · loss 2", "    training: step 8/8 · eval_loss 2.5"]
 
-
-def test_eta_uses_stage_03_until_three_steps_are_timed() -> None:
-    assert eta(step=1, total=9, start_step=0, elapsed=100.0, planned=2.0) == 16.0
-    assert eta(step=1, total=9, start_step=0, elapsed=100.0, planned=None) is None
-    assert eta(step=4, total=9, start_step=0, elapsed=8.0, planned=50.0) == 10.0  # this run's own pace
-    assert eta(step=7, total=9, start_step=4, elapsed=30.0, planned=1.0) == 20.0  # resumed at step 4

@@ -13,7 +13,7 @@ from labkit.cli.main import main
 from labkit.core.runs import NOTEBOOKS, project_root
 from labkit.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_pyproject_lists_every_package_and_maps_the_data_folders() -> None:

@@ -8,7 +8,7 @@ from labkit.card.load import load_card
 from labkit.data.prepare import checked_splits
 from labkit.model.loading import load_tokenizer
 
-CARD = Path(__file__).resolve().parents[2] / "params" / "examples" / "own-data.yaml"
+CARD = Path(__file__).resolve().parents[3] / "params" / "examples" / "own-data.yaml"
 
 
 def test_own_data_card_stands_alone() -> None:
