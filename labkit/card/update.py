@@ -1,7 +1,7 @@
 """A changed copy of a frozen card: `updated(card, {"train.lr": 0.5})`.
 
-A validated card is never changed in place (`labkit.card.sections.Strict` is frozen): what a run resolves later —
-absolute data and model paths, hub commits (`labkit.core.protocol.pinned`), the recorded generation length
+A validated card is never changed in place (`labkit.card.experiment_and_data.Strict` is frozen): what a run
+resolves later — absolute data and model paths, hub commits (`labkit.core.protocol.pinned`), the recorded generation length
 (`labkit.core.run_card`) — and what a test or a bench varies is a new card, validated again like a loaded one.
 """
 

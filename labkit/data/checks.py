@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from labkit.card.schema import Card
-from labkit.card.sections import Data
+from labkit.card.experiment_and_data import Data
 from labkit.data.pairs import check_pairs, encode_pairs
 from labkit.data.prompting import Encoded, check_encoded, encode_rows
 from labkit.errors import DataError, PreprocessingCheckFailed

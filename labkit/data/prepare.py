@@ -22,7 +22,7 @@ from typing import Any, Callable, TypedDict
 
 import labkit
 from labkit.card.schema import Card
-from labkit.card.sections import Leakage
+from labkit.card.experiment_and_data import Leakage
 from labkit.core import io
 from labkit.core.io import read_json, write_atomic, write_json
 from labkit.core.runs import Run

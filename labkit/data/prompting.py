@@ -11,7 +11,7 @@ from typing import Any
 
 
 from labkit.card.schema import Card
-from labkit.card.sections import Prompt
+from labkit.card.experiment_and_data import Prompt
 
 IGNORE = -100
 

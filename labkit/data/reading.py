@@ -15,7 +15,7 @@ from typing import Any
 import datasets
 
 from labkit.card.schema import Card
-from labkit.card.sections import Data, FilesSource, HubSource
+from labkit.card.experiment_and_data import Data, FilesSource, HubSource
 from labkit.core import hub
 from labkit.errors import DataError
 

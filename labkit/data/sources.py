@@ -17,7 +17,7 @@ from typing import Any, Callable
 import jsonschema
 
 from labkit.card.schema import Card
-from labkit.card.sections import Data, Fields, HubSource, PathSource
+from labkit.card.experiment_and_data import Data, Fields, HubSource, PathSource
 from labkit.data import dialogues, tickets
 from labkit.data.reading import read_file, read_given_splits, read_hub
 from labkit.errors import DataError

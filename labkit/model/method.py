@@ -15,7 +15,7 @@ from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import set_seed
 
 from labkit.card.schema import Card, Lora
-from labkit.card.sections import Prompt
+from labkit.card.experiment_and_data import Prompt
 from labkit.errors import MethodError
 
 

@@ -14,8 +14,9 @@ PACKAGE = Path(__file__).resolve().parents[1].parent / "labkit"
 BOUNDARY = "labkit.cli"  # the command line: late imports are its job
 # (module, imported module) -> why it is imported inside a function
 ALLOWED = {
-    ("labkit.card.sections", "jsonschema"): "jsonschema takes ~2 s to import (its URI grammar): only cards with a "
-                                            "drop_target_failing_schema rule pay it, not every card load",
+    ("labkit.card.experiment_and_data", "jsonschema"): "jsonschema takes ~2 s to import (its URI grammar): only "
+                                                       "cards with a drop_target_failing_schema rule pay it, not every "
+                                                       "card load",
     ("labkit.data.prompting", "trl.trainer.sft_trainer"): "trl's SFT module loads peft, bitsandbytes and accelerate "
                                                            "(seconds; bitsandbytes logs as it loads): only a tokenizer "
                                                            "whose pad is its EOS needs its collator",

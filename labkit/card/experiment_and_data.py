@@ -1,4 +1,5 @@
-"""The experiment and data sections of a card (strict pydantic models); `labkit.card.schema` assembles the card.
+"""The `experiment` and `data` sections of a card (strict pydantic models) and `Strict`, the base of every section;
+`labkit.card.schema` holds the other sections and assembles the `Card`.
 
 Unknown keys, wrong types and missing required keys are errors (`Strict`); `labkit.card.load` turns them into
 one line naming the file and the key.
@@ -286,16 +287,3 @@ class Data(Strict):
                     raise ValueError(f"drop_target_failing_schema is not a valid JSON Schema ({exc.message})") from None
         return rules
 
-
-# --------------------------------------------------------------------------- tracking
-class MlflowTracking(Strict):
-    uri: str = Field(min_length=1, description="the MLflow tracking URI: a local store (sqlite:///mlflow.db, a folder "
-                     "path) or a server (http://host:5000); a relative path is taken from the runs folder")
-
-
-class Tracking(Strict):
-    """Where runs are also reported (off by default); not protocol-fixed: tracking never changes a result."""
-
-    mlflow: MlflowTracking | None = Field(default=None, description="mirror every run into MLflow (one MLflow "
-                                          "experiment per experiment.id): card, data version, metrics, status, notebooks")
-    tensorboard: bool = Field(default=False, description="stage 04 writes TensorBoard event files to training/tensorboard")
