@@ -17,6 +17,7 @@ from labkit.card.load import dump_yaml, load_card
 from labkit.card.shipped import init_folder, shipped
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.registry import lost_events_note
 from labkit.errors import LabkitError, MissingInput, UsageError
 
 # The command line is where imports are late: each command imports its implementation (torch, transformers, papermill,
@@ -187,6 +188,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     for line in [header, tuple("-" * w for w in widths), *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())
+    if note := lost_events_note(root):
+        print(f"labkit: note: {note}")
     return 0
 
 
@@ -209,6 +212,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = io.read_json(index.parent / "comparison.json")
     for row in summary_rows(comparison):
         print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    if note := lost_events_note(root):
+        print(f"labkit: note: {note}")
     print(f"report: {index}")
     return 0
 

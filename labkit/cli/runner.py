@@ -215,6 +215,7 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     from labkit.core.environment import capture
 
     run = R.find_run(run_id, root)
+    R.check_archived_card(run, load_card(run.card_path))  # the card every stage of the run was and is run under
     status = run.status()
     done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
     todo = tuple(s for s in R.STAGES if s not in done)
@@ -260,8 +261,8 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         if not run.status_path.exists():
             raise MissingInput(f"{run_dir}: not a run folder (no status.json)")
         status = run.status()
-        if status.get("card_hash") != loaded.hash:
-            raise RunStateError(f"{run_dir} was made from another card (hash {status.get('card_hash')} ≠ {loaded.hash})")
+        R.check_archived_card(run, loaded)
+        R.check_stage_may_run(run, stage)
         if status.get("status") == "running" and not is_dead(run.dir, status):
             raise RunStateError(f"{run_dir} is running (pid {status.get('pid')}); wait for it or stop it first")
         check_card(loaded, root)

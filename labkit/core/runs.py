@@ -7,11 +7,8 @@ file-locked, one line per status change, so failed and interrupted runs are neve
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,7 +19,8 @@ from labkit.card.load import LoadedCard, dump_yaml
 from labkit.card.shipped import is_shipped
 from labkit.core.heartbeat import is_dead
 from labkit.core.io import read_json, utc_now, write_atomic, write_json
-from labkit.errors import MissingInput, RegistryCorrupt
+from labkit.core.registry import append, read_registry, status_label, summarise  # noqa: F401 (R.summarise…)
+from labkit.errors import MissingInput, RunStateError, UsageError
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -116,10 +114,77 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch") -> Run:
                                                        "changed": loaded.diff}))
     write_json(run.status_path, {
         "run_id": run.run_id, "experiment": card.experiment.id, "variant": card.experiment.variant,
-        "card_hash": loaded.hash, "card_source": str(loaded.path), "mode": mode, "status": "running",
+        "card_hash": loaded.hash, "card_values": card_values(loaded), "card_source": str(loaded.path), "mode": mode,
+        "status": "running",
         "created": utc_now(), "stages": {}, "pid": os.getpid(), "host": socket.gethostname()})
-    record(run, "started", status="running", mode=mode, card_source=str(loaded.path))
+    record(run, "started", status="running", mode=mode, card_source=str(loaded.path), card_hash=loaded.hash)
     return run
+
+
+def card_values(loaded: LoadedCard) -> dict[str, Any]:
+    """The card's non-default values as dotted keys (what its hash covers), kept in status.json to name the keys of
+    a later edit."""
+    flat: dict[str, Any] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{prefix}.{key}" if prefix else str(key))
+        else:
+            flat[prefix] = node
+
+    walk(loaded.card.model_dump(mode="json", exclude_defaults=True), "")
+    return flat
+
+
+def check_archived_card(run: Run, loaded: LoadedCard) -> None:
+    """Refuse a card whose hash differs from the one the run recorded when it started (an edited card.yaml).
+
+    Args:
+        run: the run.
+        loaded: the card about to be used for a stage or a resume (normally the run's archived card.yaml).
+    Raises:
+        RunStateError: one line naming the keys that differ and the fix.
+    """
+    status = run.status()
+    recorded = status.get("card_hash")
+    if recorded is None or loaded.hash == recorded:
+        return
+    before, now = status.get("card_values") or {}, card_values(loaded)
+    keys = sorted(k for k in before.keys() | now.keys() if before.get(k, "<default>") != now.get(k, "<default>"))
+    changes = [f"{k} ({before.get(k, 'default')!r} → {now.get(k, 'default')!r})" for k in keys[:6]]
+    named = f"; keys that differ: {', '.join(changes)}{'…' if len(keys) > 6 else ''}" if before else ""
+    raise RunStateError(f"{loaded.path}: this card (hash {loaded.hash}) is not the card run {run.run_id} started with "
+                        f"(hash {recorded}){named}: a run is a record — put the archived card back, or start a new "
+                        "run from the edited card")
+
+
+def check_stage_may_run(run: Run, stage: str, rerun_done: bool = False) -> None:
+    """Refuse to execute a stage in place where that would rewrite the record.
+
+    Never in an invalid or finalised run (test split opened), nor in a run whose stages are all done; a stage already
+    done is re-executed only when `rerun_done` (an unfinished interactive run, whose notebook is being worked on).
+
+    Args:
+        run: the run.
+        stage: the stage about to run.
+        rerun_done: allow re-executing a done stage of an unfinished run.
+    Raises:
+        RunStateError: one line with the alternative.
+    """
+    status = run.status()
+    done = {s for s, v in status.get("stages", {}).items() if v.get("status") == "done"}
+    name = f"{run.experiment}/{run.run_id}"
+    fresh = "start a new run (`labkit run CARD`, or `labkit stage NAME CARD` without --run)"
+    if status.get("status") == "invalid":
+        raise RunStateError(f"{name} is invalid ({status.get('invalid_reason')}): it stays as it is; {fresh}")
+    if any(e.get("run_id") == run.run_id and e.get("event") == "test_opened" for e in read_registry(run.root)):
+        raise RunStateError(f"{name} is finalised (its test split was opened): its stages are never re-executed; {fresh}")
+    if done >= set(STAGES):
+        raise RunStateError(f"{name} is complete: its archived stages are never re-executed in place; {fresh}")
+    if stage in done and not rerun_done:
+        raise RunStateError(f"stage {stage} of {name} is done and archived: it is not re-executed in place; {fresh}, "
+                            f"or `labkit run --resume {run.run_id}` to run the stages not yet done")
 
 
 def record(run: Run, event: str, status: str | None = None, **fields: Any) -> dict[str, Any]:
@@ -135,7 +200,7 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
         the registry line written.
     """
     state = run.status()
-    if status:
+    if status and state.get("status") != "invalid":  # an invalidation is final: later events keep the run invalid
         state["status"] = status
     stage = fields.get("stage")
     if stage and event.startswith("stage_"):
@@ -152,90 +217,8 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
     write_json(run.status_path, state)
     line = {"time": utc_now(), "run_id": run.run_id, "experiment": run.experiment,
             "variant": state.get("variant"), "event": event, "status": state["status"], **fields}
-    run.registry.parent.mkdir(parents=True, exist_ok=True)
-    with open(run.registry, "a", encoding="utf-8") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            handle.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    append(run.registry, line)
     return line
-
-
-_REPORTED: set[tuple[str, int]] = set()  # corrupt registry lines already reported by this process
-
-
-def read_registry(root: Path, strict: bool = False) -> list[dict[str, Any]]:
-    """All registry events under a runs root.
-
-    A line that is not a JSON event is never dropped silently: it is reported on stderr once per process with its
-    line number (`strict`: raised), and the registry file is left as it is.
-
-    Args:
-        root: the runs root.
-        strict: raise RegistryCorrupt instead of reporting (commands whose decision a lost event could change).
-    Returns:
-        the events, oldest first.
-    """
-    path = root / "registry.jsonl"
-    if not path.exists():
-        return []
-    events, bad = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad.append((number, f"not valid JSON: {exc.msg} at column {exc.colno}"))
-            continue
-        if not isinstance(event, dict) or not {"run_id", "time"} <= set(event):
-            bad.append((number, "not a registry event (no run_id or time)"))
-            continue
-        events.append(event)
-    for number, why in bad:
-        message = (f"{path}:{number}: {why}; the line is ignored (labkit never rewrites the registry: restore the "
-                   "line from a backup, or remove it)")
-        if strict:
-            raise RegistryCorrupt(message)
-        if (str(path), number) not in _REPORTED:
-            _REPORTED.add((str(path), number))
-            print(f"labkit: warning: {message}", file=sys.stderr)
-    return events
-
-
-def status_label(row: dict[str, Any]) -> str:
-    """The status as shown: `completed (budget)` for a run that training stopped on budget.max_minutes."""
-    status = str(row.get("status", "?"))
-    return f"{status} (budget)" if status == "completed" and row.get("stopped_by") == "budget" else status
-
-
-def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold registry events into one row per run (its latest status, last stage, error, `stopped_by`)."""
-    runs: dict[str, dict[str, Any]] = {}
-    for event in events:
-        row = runs.setdefault(event["run_id"], {"run_id": event["run_id"], "experiment": event.get("experiment"),
-                                                 "variant": event.get("variant"), "started": event["time"],
-                                                 "stage": "", "error": ""})
-        row["status"] = event.get("status", row.get("status"))
-        row["updated"] = event["time"]
-        if event.get("stage"):
-            row["stage"] = event["stage"]
-        if event.get("error"):
-            row["error"] = event["error"]
-        if event.get("event") == "resumed":
-            row["error"] = ""
-            row.pop("stopped_by", None)
-        if event.get("event") == "invalidated":
-            row["error"] = f"invalid: {event.get('why')}"
-        if event.get("stopped_by"):
-            row["stopped_by"] = event["stopped_by"]
-            row["error"] = f"{status_label(row)}: {event.get('note') or 'stopped by the time budget'}"
-        if "summary" in event:
-            row["summary"] = event["summary"]
-    return list(runs.values())
 
 
 def find_interactive_run(loaded: LoadedCard, root: Path) -> Run | None:
@@ -252,19 +235,43 @@ def find_interactive_run(loaded: LoadedCard, root: Path) -> Run | None:
     return None
 
 
-def find_run(run_id: str, root: Path) -> Run:
-    """The run folder of a run id (or a path to it) under a runs root.
+_PATTERN = set("*?[]")
 
+
+def find_run(run_id: str, root: Path) -> Run:
+    """The run folder of a run id, a unique prefix of one, or a path to a run folder inside the runs root.
+
+    A run id is a name, never a pattern: glob characters, `..` and paths outside the runs root are refused.
+
+    Args:
+        run_id: the run id, a unique prefix of it, or the run folder's path.
+        root: the runs root.
+    Returns:
+        the Run.
     Raises:
-        FileNotFoundError: no such run.
+        UsageError: a pattern, a path outside the runs root, or a prefix that several runs share.
+        MissingInput: no such run.
     """
-    path = Path(run_id)
-    if (path / "status.json").exists():
-        return Run(path.resolve())
-    matches = [p for p in root.glob(f"*/{run_id}") if (p / "status.json").exists()] if root.is_dir() else []
-    if not matches:
+    if not run_id or _PATTERN & set(run_id) or ".." in Path(run_id).parts:
+        raise UsageError(f"{run_id!r} is not a run id: give the run's id (or a unique prefix) as `labkit runs` "
+                         "lists it — patterns and '..' are not accepted")
+    root = root.resolve()
+    if "/" in run_id or os.sep in run_id:
+        path = Path(run_id).expanduser().resolve()
+        if path.parent.parent != root or not (path / "status.json").is_file():
+            raise UsageError(f"{run_id}: not a run folder of the runs root {root} (runs/<experiment>/<run_id>); "
+                             "give the run id, or set LABKIT_RUNS to the runs root that holds it")
+        return Run(path)
+    folders = [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    runs = [p / run_id for p in folders if (p / run_id / "status.json").is_file()]
+    if not runs:
+        runs = [r for p in folders for r in p.iterdir() if r.name.startswith(run_id) and (r / "status.json").is_file()]
+    if len(runs) > 1:
+        names = ", ".join(sorted(f"{r.parent.name}/{r.name}" for r in runs)[:5])
+        raise UsageError(f"{run_id!r} matches {len(runs)} runs ({names}…): give more of the run id")
+    if not runs:
         raise MissingInput(f"no run {run_id!r} under {root} (see `labkit runs`)")
-    return Run(matches[0])
+    return Run(runs[0])
 
 
 def set_owner(run: Run, pid: int) -> None:

@@ -131,12 +131,15 @@ def test_failing_stage_is_recorded(tmp_path: Path) -> None:
     assert events[-1]["stage"] == "baseline"
 
 
-def test_stage_command_reruns_one_stage(smoke_run) -> None:
+def test_stage_command_refuses_to_rerun_a_stage_of_a_completed_run(smoke_run) -> None:
+    """A completed run is a record: `labkit stage … --run` refuses in one line and changes no file."""
     run, _ = smoke_run
-    before = (run / "preprocessing" / "summary.json").stat().st_mtime
+    before = {p: p.read_bytes() for p in sorted(run.parent.parent.rglob("*")) if p.is_file()}
     proc = labkit("stage", "preprocessing", str(run / "card.yaml"), "--run", str(run), runs=run.parent.parent)
-    assert proc.returncode == 0, proc.stderr
-    assert (run / "preprocessing" / "summary.json").stat().st_mtime > before
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is complete" in line and "start a new run" in line
+    assert {p: p.read_bytes() for p in sorted(run.parent.parent.rglob("*")) if p.is_file()} == before
 
 
 def _without_times(path: Path) -> list[dict]:

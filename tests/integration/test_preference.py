@@ -410,7 +410,12 @@ def test_tiny_dpo_run_all_stages_then_resume_reproduces_training(tmp_path: Path)
     before = [{k: v for k, v in r.items() if "runtime" not in k} for r in _history(run)]
     shutil.rmtree(run / "training" / "trainer" / "checkpoint-8")
     shutil.rmtree(run / "training" / "adapter")
-    again = labkit("stage", "training", str(run / "card.yaml"), "--run", str(run), runs=runs)
+    status = json.loads((run / "status.json").read_text())  # as if the run had been interrupted in stage 04
+    for name in ("training", "comparison"):
+        status["stages"].pop(name, None)
+    status["status"] = "interrupted"
+    (run / "status.json").write_text(json.dumps(status))
+    again = labkit("run", "--resume", run.name, runs=runs)
     assert again.returncode == 0, again.stdout + again.stderr
     assert json.loads((run / "training" / "outcome.json").read_text())["resumed_from"].endswith("checkpoint-6")
     assert [{k: v for k, v in r.items() if "runtime" not in k} for r in _history(run)] == before
