@@ -30,7 +30,8 @@ _RECALL_MISS = 1e-4  # target probability that LSH misses a pair at exactly `thr
 def normalise_text(text: str) -> str:
     """Normalise text for duplicate comparison.
 
-    Applies Unicode NFKC, casefolds, splits on any whitespace, strips
+    Drops format characters (Unicode category Cf: zero-width spaces and joiners, the byte-order mark, bidirectional
+    marks), applies Unicode NFKC, casefolds, splits on any whitespace, strips
     punctuation from both ends of each token (inner punctuation such as
     ``don't`` or ``1.5`` is kept), drops tokens that become empty, and joins
     the rest with single spaces.
@@ -41,7 +42,8 @@ def normalise_text(text: str) -> str:
     Returns:
         The normalised text ("" for blank or punctuation-only input).
     """
-    folded = unicodedata.normalize("NFKC", text).casefold()
+    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")  # zero-width and other format characters
+    folded = unicodedata.normalize("NFKC", visible).casefold()
     tokens = (tok.strip(_EDGE_PUNCT) for tok in folded.split())
     return " ".join(tok for tok in tokens if tok)
 

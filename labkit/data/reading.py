@@ -30,6 +30,24 @@ def _utf8(path: Path, raw: bytes, offset: int = 0, line: int | None = None) -> s
                         "save the file as UTF-8") from None
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object with a key twice (json keeps the last value silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: an object whose key appears twice is refused, as a card's is."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def _loads(text: str) -> Any:
+    return json.loads(text, object_pairs_hook=_unique_keys)
+
+
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     offset = 0
@@ -40,9 +58,12 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = _loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line") from None
+            except _DuplicateKey as exc:
+                raise DataError(f"{path}:{number}: key {exc} appears twice in one row (JSON would silently keep the "
+                                "second value); keep one") from None
             if not isinstance(row, dict):
                 raise DataError(f"{path}:{number}: expected a JSON object per line, got {type(row).__name__}")
             row["__where__"] = f"{path}:{number}"
@@ -77,9 +98,12 @@ def read_file(path: Path, fmt: str = "auto") -> tuple[list[dict[str, Any]], dict
         rows = _read_jsonl(path)
     elif kind == "json":
         try:
-            rows = json.loads(text)
+            rows = _loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        except _DuplicateKey as exc:
+            raise DataError(f"{path}: key {exc} appears twice in one object (JSON would silently keep the second "
+                            "value); keep one") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             raise DataError(f"{path}: expected a JSON list of objects (or use .jsonl)")
     else:
