@@ -67,6 +67,11 @@ class Guardrail(Strict):
         return self
 
 
+# what labkit (and a relative MLflow store) keeps in the runs root beside the experiments' folders — registry.jsonl,
+# registry.torn/ and any registry.* — so no experiment may take these names
+RESERVED_IN_RUNS_ROOT = ("registry", "mlruns", "mlartifacts", "mlflow.db")
+
+
 class Experiment(Strict):
     id: str = Field(description="groups variants; folder name under runs/")
     variant: str = Field(description="this card's name")
@@ -82,6 +87,10 @@ class Experiment(Strict):
     def _slug(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", value):
             raise ValueError("use letters, digits, '.', '_' or '-' (it becomes a folder name)")
+        name = value.lower()
+        if name in RESERVED_IN_RUNS_ROOT or name.startswith("registry."):
+            raise ValueError(f"{value!r} is a name labkit uses in the runs folder (registry.jsonl and its kin): "
+                             "choose another")
         return value
 
 
@@ -286,4 +295,3 @@ class Data(Strict):
                 except jsonschema.SchemaError as exc:
                     raise ValueError(f"drop_target_failing_schema is not a valid JSON Schema ({exc.message})") from None
         return rules
-

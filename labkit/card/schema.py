@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, field_validator, model_validator
 
 from labkit.card.experiment_and_data import Data, Experiment, FilesSource, HubSource, Strict
+from labkit.card.tracking import Tracking
 from labkit.scoring.names import METRICS, RUN_METRICS, TWO_SIDED
 
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
@@ -206,19 +207,6 @@ class Distributed(Strict):
 class Budget(Strict):
     max_minutes: float = Field(default=60, gt=0, description="training stops (checkpointed) past this")
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
-
-
-class MlflowTracking(Strict):
-    uri: str = Field(min_length=1, description="the MLflow tracking URI: a local store (sqlite:///mlflow.db, a folder "
-                     "path) or a server (http://host:5000); a relative path is taken from the runs folder")
-
-
-class Tracking(Strict):
-    """Where runs are also reported (off by default); not protocol-fixed: tracking never changes a result."""
-
-    mlflow: MlflowTracking | None = Field(default=None, description="mirror every run into MLflow (one MLflow "
-                                          "experiment per experiment.id): card, data version, metrics, status, notebooks")
-    tensorboard: bool = Field(default=False, description="stage 04 writes TensorBoard event files to training/tensorboard")
 
 
 class Card(Strict):

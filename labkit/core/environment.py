@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,19 +16,14 @@ import torch
 import labkit
 from labkit.core.device import capture as device_capture
 from labkit.core.device import gpu_driver
+from labkit.core.secrets import is_secret_name
 
 
-SECRET = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.I)
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets", "tokenizers",
             "papermill", "pydantic", "gguf", "numpy")
 ENV_KEEP = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "HF_HUB_OFFLINE",
             "TRANSFORMERS_OFFLINE", "LABKIT_CACHE", "LABKIT_RUNS", "WORLD_SIZE", "LOCAL_RANK", "ROCR_VISIBLE_DEVICES",
             "NCCL_DEBUG", "NCCL_P2P_DISABLE", "NCCL_IB_DISABLE", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
-
-
-def is_secret_name(name: str) -> bool:
-    """Whether an environment variable name looks like it holds a secret."""
-    return bool(SECRET.search(name))
 
 
 def _version(name: str) -> str | None:

@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.secrets import redact
 from labkit.stages import records
 
 
@@ -172,6 +175,37 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+REACH_SECONDS = 3.0  # how long the one reachability probe of a tracking server waits
+
+
+def _switched_off(run: R.Run, uri: str) -> bool:
+    """Whether the run's mirror is off because its tracking server could not be reached: probed once per run (a TCP
+    connection within REACH_SECONDS), instead of MLflow's minutes of retries after every stage.
+
+    Returns:
+        True when the mirror is off for this run (one warning was printed when it was switched off).
+    """
+    path = run.dir / STATE
+    state = io.read_json(path) if path.exists() else {}
+    if state.get("off"):
+        return True
+    parts = urlsplit(uri)
+    if parts.scheme not in {"http", "https"} or state.get("reached"):
+        return False
+    try:
+        socket.create_connection((parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)),
+                                 timeout=REACH_SECONDS).close()
+    except OSError as exc:
+        why = f"{redact(uri)} cannot be reached ({exc.strerror or type(exc).__name__})"
+        io.write_json(path, {**state, "off": why})
+        print(f"labkit: warning: the MLflow server {why}: the mirror is off for {run.run_id} (the run folder and the "
+              "registry are the record; start the server and `labkit compare` shows everything)", file=sys.stderr,
+              flush=True)
+        return True
+    io.write_json(path, {**state, "reached": True})
+    return False
+
+
 def card_uri(run: R.Run) -> str | None:
     """The run's `tracking.mlflow.uri` (from its archived card), or None when it is not mirrored."""
     card = yaml.safe_load(run.card_path.read_text(encoding="utf-8")) or {}
@@ -192,14 +226,14 @@ def mirror_safely(run: R.Run, final: bool = False, report: Path | None = None) -
     """
     try:
         uri = card_uri(run)
-        if not uri:
+        if not uri or _switched_off(run, uri):
             return {}
         state = mirror_run(run, uri, final=final, report=report)
         # the trainer's callback logs step metrics only: the card is the run's parameters (TrainingArguments would
         # duplicate them, and a changed value on resume would raise inside training)
         return {"MLFLOW_TRACKING_URI": state["uri"], "MLFLOW_RUN_ID": state["run_id"], "MLFLOW_MAX_LOG_PARAMS": "0"}
     except Exception as exc:  # noqa: BLE001 - the run folder and the registry are the record; the mirror is a view
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        first = redact((str(exc).strip().splitlines() or [""])[0][:200])
         print(f"labkit: warning: the MLflow mirror of {run.run_id} was not updated ({type(exc).__name__}: {first}); "
               "the run goes on, and its next update sends everything", file=sys.stderr, flush=True)
         return {}
