@@ -9,6 +9,7 @@ shipped copy when there is no local `params/` folder (Colab, Kaggle, a bare fold
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -81,11 +82,16 @@ def init_folder(dest: str | Path) -> list[Path]:
         for file in sorted(source.rglob("*")):
             if file.is_file() and "__pycache__" not in file.parts and not file.name.startswith("."):
                 plan.append((file, dest / kind / file.relative_to(source)))
-    existing = [target for _, target in plan if target.exists()]
+    existing = [target for _, target in plan if target.exists() or target.is_symlink()]  # a dangling link too
     if existing:
         raise UsageError(f"{existing[0]}: already exists ({len(existing)} of the {len(plan)} files labkit init writes "
                          "do); labkit init never overwrites: choose a new folder, or move those files away")
+    outside = [target for _, target in plan if not Path(os.path.realpath(target)).is_relative_to(dest)]
+    if outside:
+        raise UsageError(f"{outside[0]}: a symbolic link in the way leads outside {dest}; labkit init writes only "
+                         "inside its folder: remove the link or choose a new folder")
     for source, target in plan:
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, target)
+        with open(source, "rb") as src, open(target, "xb") as dst:  # "x": never through a link or over a file
+            shutil.copyfileobj(src, dst)
     return [target for _, target in plan]

@@ -75,3 +75,19 @@ def test_runs_of_a_card_inside_the_package_go_to_the_working_folder(tmp_path: Pa
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(R, "is_shipped", lambda path: path.is_relative_to(REPO / "params"))
     assert project_root(REPO / "params") == tmp_path
+
+
+def test_init_never_writes_through_a_link_or_outside_its_folder(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    dest = tmp_path / "work"
+    (dest / "params").mkdir(parents=True)
+    (dest / "params" / "quickstart.yaml").symlink_to(outside / "victim.yaml")  # dangling: exists() is False
+    with pytest.raises(UsageError, match="already exists"):
+        init_folder(dest)
+    (dest / "params" / "quickstart.yaml").unlink()
+    (dest / "params").rmdir()
+    (dest / "params").symlink_to(outside)  # a folder link leading out
+    with pytest.raises(UsageError, match="leads outside"):
+        init_folder(dest)
+    assert list(outside.iterdir()) == [] and not (dest / "notebooks").exists()
