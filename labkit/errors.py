@@ -59,6 +59,16 @@ class SplitLocked(LabkitError, PermissionError):
     """The test split is locked: it opens once, through `labkit final`."""
 
 
+class CorruptFile(LabkitError, ValueError):
+    """A file labkit wrote (status.json, a stage's results) that cannot be read back: one line naming it and the fix."""
+
+
+class StorageError(LabkitError, OSError):
+    """A file could not be written (disk full, read-only file system, no permission): one line naming it."""
+
+    exit_code = 1
+
+
 class ExportRefused(LabkitError, ValueError):
     """A run that cannot be exported (one line: which run, which status, what to do)."""
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from labkit.core.io import utc_now
+from labkit.core.io import storage_error, utc_now
 from labkit.errors import RegistryCorrupt
 
 REGISTRY = "registry.jsonl"
@@ -55,8 +55,15 @@ def append(path: Path, event: dict[str, Any]) -> None:
         path: the registry file.
         event: the JSON-serialisable event.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(event, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+    try:
+        _append(path, line)
+    except OSError as exc:
+        raise storage_error(path, exc) from None
+
+
+def _append(path: Path, line: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+b") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
