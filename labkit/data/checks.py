@@ -78,6 +78,31 @@ def check_references(data: Data, splits: dict[str, list[dict[str, Any]]], where:
     return {name: len(rows) for name, rows in splits.items()}
 
 
+def check_special_tokens(tokenizer: Any, splits: dict[str, list[dict[str, Any]]], where: dict[str, str]) -> None:
+    """Refuse an answer that holds the text of a special token (the EOS, an end-of-turn, a pad or BOS token): trained
+    on, it teaches a stop, or a turn boundary, in the middle of the answer.
+
+    Args:
+        tokenizer: the model's tokenizer (its special and added special tokens).
+        splits: rows per split ("target", and "rejected" for preference pairs).
+        where: row id → `file:line` of the row.
+    Raises:
+        DataError: one line naming the row, its split, the token and the fix (never a test row's content).
+    """
+    special = sorted({t for t in [*tokenizer.all_special_tokens,
+                                  *(a.content for a in getattr(tokenizer, "added_tokens_decoder", {}).values()
+                                    if getattr(a, "special", False))] if t and t.strip()}, key=len, reverse=True)
+    for name, rows in splits.items():
+        for row in rows:
+            for field in ("target", "rejected"):
+                token = next((t for t in special if t in (row.get(field) or "")), None)
+                if token:
+                    raise DataError(f"{where.get(row['id'], 'data.source')}: row id {row['id']!r} ({name} split): the "
+                                    f"{'reference' if field == 'target' else 'rejected answer'} holds the special token "
+                                    f"{token!r} (the model would learn to stop or end its turn there); remove it from "
+                                    "the data, or drop the row with a cleaning rule")
+
+
 def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, list[Encoded]], list[dict[str, Any]]]:
     """Encode every split as training does and run the template/mask checks on each.
 

@@ -35,3 +35,36 @@ def test_zero_width_characters_do_not_hide_a_copy() -> None:
     assert hidden != text and normalise_text(hidden) == normalise_text(text)
     pairs = find_duplicates({"train": [("t1", text)], "validation": [("v1", hidden)]}, threshold=0.85)
     assert [(p["a_id"], p["b_id"], p["kind"]) for p in pairs] == [("t1", "v1", "exact")]
+
+
+def test_a_reference_holding_the_eos_is_refused_at_preparation_with_the_row(tmp_path: Path, tiny_model) -> None:
+    import json
+    import re
+
+    import yaml
+    from conftest import REPO
+    from transformers import AutoTokenizer
+
+    from labkit.card.load import load_card
+    from labkit.data.checks import check_special_tokens
+    from labkit.data.prepare import derive_splits
+
+    tok = AutoTokenizer.from_pretrained(tiny_model.location)
+    rows = [{"id": f"r{i}", "text": f"note number {i} about the weather today", "summary": f"weather note {i}"}
+            for i in range(40)]
+    rows[17]["summary"] = f"weather note{tok.eos_token} and then more"
+    data = tmp_path / "notes.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load((REPO / "params" / "quickstart.yaml").read_text())
+    raw["model"] = {"source": "tiny:llama", "dtype": "float32"}
+    raw["data"] = {"source": {"path": str(data)}, "fields": {"input": "text", "target": "summary", "id": "id", "category": None},
+                   "target_format": {"kind": "text"}, "split": {"validation": 0.2, "test": 0.2, "seed": 1},
+                   "max_length": 64}
+    raw["experiment"]["target"] = {"behaviour": "summarisation", "primary_metric": "rougeL", "min_improvement": 0.1}
+    raw["experiment"]["guardrails"] = []
+    card = tmp_path / "card.yaml"
+    card.write_text(yaml.safe_dump(raw))
+    with pytest.raises(DataError, match=re.escape(f"{data}:18: row id 'r17' (") + r"\w+ split\): the reference "
+                                        + re.escape(f"holds the special token '{tok.eos_token}'")):
+        derive_splits(load_card(card).card, tok)
+    check_special_tokens(tok, {"train": [{"id": "ok", "target": "plain words"}]}, {})  # nothing special: no error
