@@ -20,6 +20,7 @@ from labkit.data.lengths import length_stats
 from labkit.data.prepare import load_split
 from labkit.data.prompting import encode_rows
 from labkit.export.hub_card import front_matter
+from labkit.show.escape import md_code, md_text
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
 PER_EXAMPLE = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}
@@ -230,13 +231,13 @@ def render(info: dict[str, Any]) -> str:
     status = "passed" if reload.get("ok") else "FAILED — do not use this export" if reload else "not run"
     lines += [f"Exported by `labkit export` from run `{info['run_id']}`. Reload check: **{status}**"
               + (f" ({info['reload_summary']})." if info.get("reload_summary") else "."), "",
-              "## Hypothesis", "", card.experiment.hypothesis.strip(), "",
+              "## Hypothesis", "", md_text(card.experiment.hypothesis.strip()), "",
               f"Primary metric `{card.experiment.target.primary_metric}`, required gain ≥ {card.experiment.target.min_improvement}.", "",
               "## Base model", "", f"- source: `{base['source']}`", f"- exact revision: `{base['revision']}`"]
     described = base.get("described") or {}
     license_ = described.get("license") or "unknown (check it before you share this)"
-    lines += [f"- model: {described.get('name')}; license: {license_}; language: {described.get('language') or 'not stated'}"
-              f" (read from {described.get('from')})"]
+    lines += [f"- model: {md_text(described.get('name'))}; license: {md_text(license_)}; language: "
+              f"{md_text(described.get('language') or 'not stated')} (read from {md_text(described.get('from'))})"]
     if not base.get("hf_repo") and info["method"] != "full":
         lines.append(f"- `adapter_config.json` names the local folder of these exact weights, `{base.get('location')}`: "
                      "`AutoPeftModelForCausalLM` loads it on this machine; elsewhere use the snippet below")
@@ -264,7 +265,7 @@ def render(info: dict[str, Any]) -> str:
         opening = results["test"].get("opening") or {}
         if opening.get("when"):
             said = (f"Opened by `labkit final` on {opening['when']} (opening #{opening.get('opening', 1)}"
-                    + (f", reopened: {opening.get('why')}" if opening.get("reopen") else "") + f"), {opening.get('test_rows')} test rows.")
+                    + (f", reopened: {md_text(opening.get('why'))}" if opening.get("reopen") else "") + f"), {opening.get('test_rows')} test rows.")
         else:
             said = f"Opened by `labkit final`: `{json.dumps(opening, ensure_ascii=False, default=str)[:300]}`"
         lines += ["", said, ""]
@@ -273,21 +274,21 @@ def render(info: dict[str, Any]) -> str:
         lines += ["", "Test split not opened (`labkit final RUN` opens it once); only validation results are reported."]
     lines += ["", "## Observed limits", ""]
     for split, rows in limits["categories_worse"].items():
-        text = "; ".join(f"{r['category']} {r['metric']} {r['baseline']:.3f} → {r['tuned']:.3f}" for r in rows) or "none"
+        text = "; ".join(f"{md_text(r['category'])} {r['metric']} {r['baseline']:.3f} → {r['tuned']:.3f}" for r in rows) or "none"
         lines.append(f"- categories worse than the base model ({split}): {text}")
     for split, rows in limits["weakest_categories"].items():
         if rows:
             lines.append(f"- categories below the tuned model's overall {rows[0]['metric']} {rows[0]['overall']:.3f} ({split}): "
-                         + "; ".join(f"{r['category']} {r['tuned']:.3f}" + (f" (F1 {r['f1']:.3f})" if r.get("f1") is not None else "")
+                         + "; ".join(f"{md_text(r['category'])} {r['tuned']:.3f}" + (f" (F1 {r['f1']:.3f})" if r.get("f1") is not None else "")
                                      for r in rows))
     for split, rows in limits["guardrails_failed"].items():
-        text = "; ".join(f"{r['metric']}: {r['why']}" for r in rows) or "none"
+        text = "; ".join(f"{r['metric']}: {md_text(r['why'])}" for r in rows) or "none"
         lines.append(f"- failing guardrails ({split}): {text}")
     for split, primary in limits["primary_not_met"].items():
         gain = primary.get("gain")
         why = primary.get("why") or (f"{primary['metric']} gain {gain:+.3f} < {primary['min_improvement']}"
                                      if gain is not None else primary["metric"])
-        lines.append(f"- primary metric not met ({split}): {why}")
+        lines.append(f"- primary metric not met ({split}): {md_text(why)}")
     trunc = limits["truncation"]
     rates = ", ".join(f"{s} {v.get('truncated_rate', 0):.1%} (max {v.get('max')} tokens)" for s, v in trunc["per_split"].items())
     lines.append(f"- truncation at max_length {trunc['max_length']}: {rates or 'not recorded'}"
@@ -299,8 +300,9 @@ def render(info: dict[str, Any]) -> str:
     if limits["failure_examples"]:
         lines += ["", "Failure examples (lowest primary-metric score of the tuned model on validation):", ""]
         for ex in limits["failure_examples"]:
-            lines += [f"- `{ex['id']}` ({ex['category']}), {ex['metric']} {ex['tuned']:.2f} (base {ex['baseline']:.2f})",
-                      f"  - expected: `{ex['target']}`", f"  - tuned: `{ex['prediction']}`"]
+            lines += [f"- {md_code(ex['id'])} ({md_text(ex['category'])}), {ex['metric']} {ex['tuned']:.2f} "
+                      f"(base {ex['baseline']:.2f})", f"  - expected: {md_code(ex['target'])}",
+                      f"  - tuned: {md_code(ex['prediction'])}"]
     lines += ["", "## How to load it", "", "```python", *info["load_snippet"], "```", "",
               "## Files", "", f"- `{info['weights_dir']}/`: "
               + ("the trained model" if info["method"] == "full" else "the adapter (safetensors) with `adapter_config.json` "

@@ -8,6 +8,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown
 
 from labkit.core.progress import fmt_seconds
+from labkit.show.escape import safe_markdown
 
 
 def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None = None, digits: int = 3) -> Any:
@@ -67,8 +68,9 @@ def per_key_table(named: dict[str, dict[str, Any]]) -> Any:
 
 
 def md(text: str) -> Any:
-    """Markdown for display."""
-    return Markdown(text)
+    """Markdown for display, any raw HTML tag or link in it made inert (`labkit.show.escape.safe_markdown`): the text
+    interpolates cards, data and answers, and an archived notebook is opened in other people's browsers."""
+    return Markdown(safe_markdown(text))
 
 
 def html(text: str) -> Any:
