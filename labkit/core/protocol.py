@@ -93,6 +93,32 @@ def check_protocol(resolved: dict[str, Any], root: Path, where: str) -> dict[str
     return changes
 
 
+def check_data_version(run: R.Run, version: str, protocol_change: str | None) -> None:
+    """Refuse data whose version differs from the experiment's reference run, before anything is evaluated on it.
+
+    The card check (`check_protocol`) sees the card only: the same card over a data file with one row changed passes
+    it. Stage 01 calls this once the data version is known, before the baseline and before any file is written.
+
+    Args:
+        run: the run preparing its data.
+        version: the data version it prepared.
+        protocol_change: the card's experiment.protocol_change (a stated reason lets the run go on, flagged).
+    Raises:
+        DataError: one line with both versions, the reference run and the fix.
+    """
+    done = [r for r in experiment_runs(run.root, run.experiment)
+            if r["status"] == "completed" and r["has_results"] and r["run_id"] != run.run_id]
+    reference = _reference({r["run_id"]: run_protocol(r["dir"]) for r in done})
+    if reference is None or protocol_change:
+        return
+    theirs = run_protocol(run.root / run.experiment / reference)["data_version"]
+    if theirs and theirs != version:
+        raise DataError(f"{run.card_path}: data version {version} differs from {theirs}, the data of experiment "
+                        f"{run.experiment!r}'s reference run {reference} (a row, a cleaning rule, the split or the "
+                        "tokenizer changed); its results would not be comparable: restore the data, or set "
+                        "experiment.protocol_change: \"why\" to run it anyway (it is then flagged not comparable)")
+
+
 def _reference(protocols: dict[str, dict[str, Any]]) -> str | None:
     """The run whose protocol most completed runs share (ties: the earliest)."""
     if not protocols:

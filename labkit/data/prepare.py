@@ -25,6 +25,7 @@ from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Leakage
 from labkit.core import io
 from labkit.core.io import read_json, write_atomic, write_json
+from labkit.core.protocol import check_data_version
 from labkit.core.runs import Run
 from labkit.data import leakage
 from labkit.data import sources as D
@@ -261,6 +262,7 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
     derived, _ = checked_splits(card, tokenizer, base_answers)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
     version, split_hashes, tokenised = _version(tokenizer, card, splits)  # the chosen answers: see _version
+    check_data_version(run, version, card.experiment.protocol_change)  # before anything is written or evaluated
     manifest: DataManifest = {
         "data_version": version,
         "source": derived.source,

@@ -150,3 +150,30 @@ def test_model_checks_catch_a_foreign_eos_and_template(tok, tiny_model) -> None:
     failed = {c["check"] for c in model_checks(tiny_model, tok, card) if not c["ok"]}
     assert failed == {"the tokenizer's EOS is an end token the model declares",
                       "the chat template closes the answer with the EOS token"}
+
+
+def test_a_variant_on_changed_data_stops_at_preparation_with_both_versions(tmp_path: Path, tok, tiny_model) -> None:
+    """The card check sees only the card: the same card over a data file with one training row changed is stopped when
+    stage 01 prepares the data, before any file is written, naming both data versions."""
+    from labkit.core.protocol import check_data_version
+    from labkit.data.tickets import generate_tickets
+    from labkit.errors import DataError
+
+    data = tmp_path / "tickets.jsonl"
+    rows, _ = generate_tickets(rows=60, seed=3)
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, manifest = _prepare(tmp_path / "a", tok, tiny_model, source={"path": str(data)})
+    R.record(first, "completed", status="completed")
+    (first.dir / "comparison").mkdir()
+    (first.dir / "comparison" / "verdict.json").write_text("{}")  # a completed run with results: the reference
+    rows[5]["text"] += " (edited)"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    loaded = _loaded(tmp_path / "b", source={"path": str(data)})
+    second = R.new_run(loaded, first.root)
+    with pytest.raises(DataError) as err:
+        prepare(loaded.card, second, tok, tiny_model.revision)
+    assert manifest["data_version"] in str(err.value) and first.run_id in str(err.value)
+    assert "protocol_change" in str(err.value) and not (second.dir / "data_manifest.json").exists()
+    assert not (second.dir / "data").exists()
+    check_data_version(second, manifest["data_version"], None)  # the same data: no error
+    check_data_version(second, "other", "the data was cleaned on purpose")  # a stated reason: goes on
