@@ -20,7 +20,7 @@ from labkit.data.lengths import length_stats
 from labkit.data.prepare import load_split
 from labkit.data.prompting import encode_rows
 from labkit.export.hub_card import front_matter
-from labkit.show.escape import md_code, md_text
+from labkit.show.escape import md_code, md_fence, md_text
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
 PER_EXAMPLE = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}
@@ -315,5 +315,5 @@ def render(info: dict[str, Any]) -> str:
                          "on the 4-bit base, so `merged/` is close to, not exactly, the evaluated model")
     lines += ["- `results.json`, `limits.json`: the numbers above as data; `reload_check.json`: the reload check",
               "- `card.yaml`: the resolved experiment card; `export.json`: what was exported, with sha256 of every file",
-              "", "## Experiment card (resolved)", "", "```yaml", info["card_yaml"].rstrip(), "```", ""]
+              "", "## Experiment card (resolved)", "", *md_fence(info["card_yaml"].rstrip(), "yaml"), ""]
     return "\n".join(lines)

@@ -11,7 +11,9 @@ import html
 import re
 from typing import Any
 
-_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(?:.|\n)*?(?<!`)\1(?!`)")  # CommonMark: equal fences, none longer
+import bleach
+import mistune
+
 _MARKUP = re.compile(r"[<>\[\]]")
 
 
@@ -39,16 +41,33 @@ def md_code(value: Any) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def safe_markdown(text: str) -> str:
-    """Markdown labkit composed with values in it, with any HTML tag or link made inert outside its code spans.
+def md_fence(text: str, lang: str = "") -> list[str]:
+    """Untrusted text as a fenced Markdown code block whose fence is longer than any backtick run inside (CommonMark),
+    so no line of the text can close it early.
+
+    Returns:
+        the block's lines.
+    """
+    fence = "`" * max(3, max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    return [f"{fence}{lang}", *text.splitlines(), fence]
+
+
+# what labkit's own Markdown renders to; anything else in a rendered page is shown as text
+TAGS = ["p", "strong", "em", "b", "i", "code", "pre", "ul", "ol", "li", "br", "hr", "blockquote", "h1", "h2", "h3",
+        "h4", "a", "table", "thead", "tbody", "tr", "th", "td", "del"]
+
+
+def markdown_html(text: str) -> str:
+    """Markdown labkit composed with values in it, rendered to HTML and sanitised: labkit's formatting stays, any other
+    tag or attribute is shown as text, and links keep only http(s) and mailto targets.
+
+    Sanitising the rendered HTML (bleach) rather than the Markdown source holds whatever a renderer makes of odd
+    input (code spans over several lines, escaped backticks, HTML blocks).
 
     Args:
-        text: the Markdown (labkit's own formatting uses no raw HTML and no links).
+        text: the Markdown.
     Returns:
-        the same Markdown, whose raw `<`, `>`, `[` and `]` outside code spans are entities.
+        the HTML fragment.
     """
-    out, last = [], 0
-    for match in _CODE_SPAN.finditer(text):
-        out += [_inert(text[last:match.start()]), match.group()]
-        last = match.end()
-    return "".join(out + [_inert(text[last:])])
+    return bleach.clean(mistune.html(text), tags=TAGS, attributes={"a": ["href", "title"]},
+                        protocols=["http", "https", "mailto"], strip=False)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from IPython.display import HTML, Markdown
+from IPython.display import HTML
 
 from labkit.core.progress import fmt_seconds
-from labkit.show.escape import safe_markdown
+from labkit.show.escape import markdown_html
 
 
 def table(rows: list[dict[str, Any]] | dict[str, Any], columns: list[str] | None = None, digits: int = 3) -> Any:
@@ -68,9 +68,9 @@ def per_key_table(named: dict[str, dict[str, Any]]) -> Any:
 
 
 def md(text: str) -> Any:
-    """Markdown for display, any raw HTML tag or link in it made inert (`labkit.show.escape.safe_markdown`): the text
-    interpolates cards, data and answers, and an archived notebook is opened in other people's browsers."""
-    return Markdown(safe_markdown(text))
+    """Markdown for display, rendered and sanitised (`labkit.show.escape.markdown_html`): the text interpolates cards,
+    data and answers, and an archived notebook is opened in other people's browsers."""
+    return HTML(markdown_html(text))
 
 
 def html(text: str) -> Any:

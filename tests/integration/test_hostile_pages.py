@@ -23,7 +23,8 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 FIRE = "window.__ran=(window.__ran||0)+1"
 HOSTILE = [f"<img src=x onerror=\"{FIRE}\">", f"<script>{FIRE}</script>", f"<svg onload=\"{FIRE}\"></svg>",
-           f"[click me](javascript:{FIRE})", f"`</code><img src=y onerror=\"{FIRE}\">`"]
+           f"[click me](javascript:{FIRE})", f"`</code><img src=y onerror=\"{FIRE}\">`",
+           f"```\n<img src=z onerror=\"{FIRE}\">\n```"]
 
 
 def _hostile_card(tmp: Path, repo: Path) -> Path:
@@ -38,11 +39,11 @@ def _hostile_card(tmp: Path, repo: Path) -> Path:
             row["answer"] = json.dumps(answer)
     data = tmp / "hostile.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load((repo / "params" / "smoke.yaml").read_text())
+    raw["experiment"].update(id="hostile", hypothesis="A tiny model answers tickets. " + " ".join(HOSTILE))
+    raw["data"]["source"] = {"path": str(data)}
     card = tmp / "hostile.yaml"
-    card.write_text(yaml.safe_dump({
-        "parent": str(repo / "params" / "smoke.yaml"),
-        "experiment": {"id": "hostile", "hypothesis": "A tiny model answers tickets. " + " ".join(HOSTILE)},
-        "data": {"source": {"path": str(data)}}}))
+    card.write_text(yaml.safe_dump(raw))
     return card
 
 
@@ -89,7 +90,7 @@ def test_planted_scripts_run_in_no_page(tmp_path: Path, repo: Path) -> None:
     exported = labkit("export", run.name, "--out", str(tmp_path / "export"), runs=runs)
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     readme = (tmp_path / "export" / "README.md").read_text()
-    assert "<img" not in readme.replace("&lt;img", "") and "onerror" in readme  # kept as text, never as a tag
+    assert "&lt;img src=x onerror" in readme  # the hypothesis, shown as text
 
     pages = sorted((runs / "hostile" / "_report").rglob("*.html")) + sorted(run.rglob("*.html"))
     for name in ("README.md", "MODEL_CARD.md"):
@@ -113,11 +114,10 @@ def test_planted_scripts_run_in_no_page(tmp_path: Path, repo: Path) -> None:
             page.goto(path.as_uri())
             page.wait_for_load_state("load")
             page.wait_for_timeout(200)
-            text = page.evaluate("document.body.innerText")
-            fired[path.name] = page.evaluate("window.__ran")
+            if page.evaluate("window.__ran"):
+                fired[str(path)] = page.eval_on_selector_all(
+                    "[onerror], [onload], script", "els => els.map(e => e.outerHTML.slice(0, 160))")[:3]
             links = page.eval_on_selector_all("a[href^='javascript']", "els => els.length")
             assert links == 0, f"{path}: a javascript: link"
-            if "onerror" in text:  # the payload is on the page as text
-                assert fired[path.name] == 0
         browser.close()
-    assert not dialogs and not any(fired.values()), {k: v for k, v in fired.items() if v}
+    assert not dialogs and not fired, fired
