@@ -76,8 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if args.cards:
             raise UsageError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
-        resume_run(args.resume, _root(args), notebooks_dir(args.notebooks))
+        resume_run(args.resume, _root(args), notebooks_dir(args.notebooks), restart_training=args.restart_training)
         return 0
+    if args.restart_training:
+        raise UsageError("--restart-training goes with --resume RUN_ID (a new run has no earlier training)")
     if not args.cards:
         raise UsageError("labkit run needs at least one card (or --resume RUN_ID)")
     cards = load_all(args.cards, lambda loaded: _root(args, loaded.path.parent))  # every card checked first
@@ -97,7 +99,8 @@ def cmd_stage(args: argparse.Namespace) -> int:
     from labkit.cli.runner import stage_into
 
     loaded = load_card(args.card)
-    stage_into(loaded, args.name, args.run, _root(args, loaded.path.parent), notebooks_dir(args.notebooks))
+    stage_into(loaded, args.name, args.run, _root(args, loaded.path.parent), notebooks_dir(args.notebooks),
+               restart_training=args.restart_training)
     return 0
 
 

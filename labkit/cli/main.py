@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("cards", nargs="*", help="experiment cards (params/*.yaml)")
     run.add_argument("--resume", metavar="RUN_ID", help="continue an interrupted or failed run from its first unfinished "
                      "stage (training from its newest checkpoint), in this process")
+    run.add_argument("--restart-training", action="store_true", help="with --resume: when training ran before but no "
+                     "usable checkpoint is left, start it again from step 1 (the earlier history is kept beside it)")
     run.add_argument("--notebooks", help="folder of the stage notebooks (default: <project>/notebooks)")
     run.set_defaults(func=commands.cmd_run)
     check = sub.add_parser("check", help="every check that needs only the card: parent, diff, data section, model "
@@ -115,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("name", choices=STAGES)
     stage.add_argument("card")
     stage.add_argument("--run", help="an existing run folder to run the stage in (default: a new run)")
+    stage.add_argument("--restart-training", action="store_true", help="with --run, stage training: start training "
+                       "again from step 1 when it ran before but no usable checkpoint is left (history kept beside it)")
     stage.add_argument("--notebooks")
     stage.set_defaults(func=commands.cmd_stage)
     runs = sub.add_parser("runs", help="the registry as a table (every run, failed and interrupted too)")

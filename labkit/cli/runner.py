@@ -200,7 +200,37 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     return run
 
 
-def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = _say) -> R.Run:
+def check_training_restart(run: R.Run, restart: bool) -> None:
+    """Before stage 04 runs again in a run where it ran before: refuse when no usable checkpoint is left (training
+    would start from step 1 and overwrite the earlier loss history), unless told to start over, which keeps the
+    earlier history and checkpoints beside the new ones.
+
+    Args:
+        run: the run.
+        restart: `--restart-training`.
+    Raises:
+        RunStateError: no checkpoint to continue from, and no --restart-training (one line with both options).
+    """
+    from labkit.train.resilience import last_checkpoint
+
+    folder = run.dir / "training"
+    history, checkpoints = folder / records.LOG_HISTORY, folder / records.CHECKPOINTS
+    ran = history.exists() or (checkpoints.is_dir() and any(checkpoints.glob("checkpoint-*")))
+    if not ran or last_checkpoint(checkpoints) is not None:
+        return
+    if not restart:
+        raise RunStateError(f"{run.run_id}: training ran before ({history.name if history.exists() else 'checkpoint folders'}"
+                            f" in {folder}) but no usable checkpoint is left in {checkpoints}: resuming would start "
+                            "again from step 1 and overwrite its history; restore the checkpoints, or add "
+                            "--restart-training to start over (the earlier history is kept beside the new one)")
+    stamp = io.utc_now().replace(":", "")
+    for path in (history, checkpoints):
+        if path.exists():
+            path.rename(path.with_name(f"{path.stem}.before-{stamp}{path.suffix}"))
+
+
+def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None] = _say,
+               restart_training: bool = False) -> R.Run:
     """Continue an interrupted or failed run in this process: the stages not yet done, in order;
     the training stage continues from its newest checkpoint.
 
@@ -209,6 +239,7 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
         root: the runs root.
         nb_dir: the template notebooks.
         log: where progress lines go.
+        restart_training: start training over when it ran before and no usable checkpoint is left.
     Returns:
         the completed Run.
     """
@@ -224,6 +255,8 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
     if status["status"] == "running":
         if not is_dead(run.dir, status):
             raise RunStateError(f"{run.run_id} is still running (pid {status.get('pid')}); stop it first")
+    if "training" in todo:
+        check_training_restart(run, restart_training)
     R.record(run, "resumed", status="running", from_stage=todo[0], pid=os.getpid())
     R.set_owner(run, os.getpid())
     io.write_json(run.dir / f"env.resumed-{io.utc_now().replace(':', '')}.json", capture())  # the machine may differ
@@ -247,7 +280,8 @@ def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[Loade
     return cards
 
 
-def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path) -> R.Run:
+def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path,
+               restart_training: bool = False) -> R.Run:
     """Run one stage of a card, into an existing run folder or a new one; the run then ends `completed` (this stage
     done) or `failed` with its error, never left `running`.
 
@@ -263,6 +297,8 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         status = run.status()
         R.check_archived_card(run, loaded)
         R.check_stage_may_run(run, stage)
+        if stage == "training":
+            check_training_restart(run, restart_training)
         if status.get("status") == "running" and not is_dead(run.dir, status):
             raise RunStateError(f"{run_dir} is running (pid {status.get('pid')}); wait for it or stop it first")
         check_card(loaded, root)

@@ -30,16 +30,13 @@ def _utf8(path: Path, raw: bytes, offset: int = 0, line: int | None = None) -> s
                         "save the file as UTF-8") from None
 
 
-class _DuplicateKey(ValueError):
-    """A JSON object with a key twice (json keeps the last value silently)."""
-
-
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """json's object_pairs_hook: an object whose key appears twice is refused, as a card's is."""
+    """json's object_pairs_hook: an object whose key appears twice (json would keep the last value silently) is
+    refused, as a card's is."""
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _DuplicateKey(key)
+            raise DataError(key)  # given its place by the reader, which knows the file and line
         seen[key] = value
     return seen
 
@@ -61,7 +58,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 row = _loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno}); fix or remove that line") from None
-            except _DuplicateKey as exc:
+            except DataError as exc:
                 raise DataError(f"{path}:{number}: key {exc} appears twice in one row (JSON would silently keep the "
                                 "second value); keep one") from None
             if not isinstance(row, dict):
@@ -101,7 +98,7 @@ def read_file(path: Path, fmt: str = "auto") -> tuple[list[dict[str, Any]], dict
             rows = _loads(text)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        except _DuplicateKey as exc:
+        except DataError as exc:
             raise DataError(f"{path}: key {exc} appears twice in one object (JSON would silently keep the second "
                             "value); keep one") from None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

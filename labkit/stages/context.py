@@ -205,6 +205,8 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
         run = R.Run(Path(run_dir).resolve())
         if not run.status_path.exists():
             raise MissingInput(f"{run_dir} is not a run folder (no status.json); leave run_dir empty to start one")
+        R.check_archived_card(run, loaded)  # the card every stage of the run is run under
+        R.check_stage_may_run(run, name, rerun_done=run.status().get("mode") == "interactive")
     else:
         root = R.runs_root(loaded.path.parent)
         run = R.find_interactive_run(loaded, root)

@@ -147,3 +147,28 @@ def test_a_finalised_run_is_refused(loaded, tmp_path: Path) -> None:
     R.record(run, "test_opened", opening=1)
     with pytest.raises(RunStateError, match="finalised"):
         R.check_stage_may_run(run, "preprocessing")
+
+
+# --------------------------------------------------------------------------- a resume that lost its checkpoints
+def test_a_resume_without_a_usable_checkpoint_refuses_unless_told_to_start_over(loaded, tmp_path: Path) -> None:
+    from labkit.cli.runner import check_training_restart
+
+    run = R.new_run(loaded, tmp_path)
+    for stage in ("baseline", "preprocessing", "parameter_check"):
+        R.record(run, "stage_done", stage=stage, seconds=1.0)
+    R.record(run, "interrupted", status="interrupted", stage="training")
+    training = run.dir / "training"
+    (training / "trainer" / "checkpoint-4").mkdir(parents=True)  # torn: no trainer_state.json
+    (training / "log_history.jsonl").write_text('{"step": 2, "loss": 3.1}\n{"step": 4, "loss": 2.7}\n')
+    before = _files(tmp_path)
+    with pytest.raises(RunStateError, match="no usable checkpoint .*--restart-training"):
+        resume_run(run.run_id, tmp_path, REPO / "notebooks")
+    assert _files(tmp_path) == before, "a refusal writes nothing"
+    check_training_restart(run, restart=True)
+    kept = sorted(p.name for p in training.iterdir())
+    assert len(kept) == 2 and all(".before-" in name for name in kept)  # the earlier history and checkpoints stay
+    history = next(p for p in training.iterdir() if p.name.startswith("log_history.before-"))
+    assert "2.7" in history.read_text()
+    (training / "trainer" / "checkpoint-6").mkdir(parents=True)
+    (training / "trainer" / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    check_training_restart(run, restart=False)  # a usable checkpoint: training continues from it, no question asked
