@@ -277,39 +277,45 @@ _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # pypi:, hf:, tiny:… (2+ l
 
 
 def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> Card:
-    """The card with its data and model paths resolved against the card's folder (absolute in the resolved card)."""
-    def where(loc: tuple[str, ...]) -> str:
+    """The card with its data and model paths resolved against the folder of the card that sets each (the card itself
+    or the parent it inherits the path from), absolute in the resolved card."""
+    def setter(loc: tuple[str, ...]) -> tuple[Path, int | None]:
         for path, node, _ in chain:
             line = _line_of(node, loc)
             if line is not None:
-                return f"{path}:{line}"
-        return str(card_path)
+                return path, line
+        return card_path, None
+
+    def where(loc: tuple[str, ...]) -> str:
+        path, line = setter(loc)
+        return f"{path}:{line}" if line is not None else str(path)
 
     changes: dict[str, Any] = {}
     source = card.data.source
     if hasattr(source, "path"):
-        resolved = _resolve_relative(source.path, card_path)
+        resolved = _resolve_relative(source.path, setter(("data", "source", "path"))[0])
         if resolved.is_dir():
             raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: {source.path} is a folder, not a "
                             "data file (name the .jsonl, .json, .csv or .parquet file in it)")
         if not resolved.exists():
             raise CardError(f"{where(('data', 'source', 'path'))}: data.source.path: file not found: {source.path} "
-                            f"(looked for {resolved}; paths are relative to the card's folder)")
+                            f"(looked for {resolved}; paths are relative to the folder of the card that writes them)")
         changes["data.source.path"] = str(resolved)
     files = getattr(source, "files", None) or {}
     for name, ref in files.items():  # a files source: one file per split
-        resolved = _resolve_relative(ref, card_path)
+        resolved = _resolve_relative(ref, setter(("data", "source", "files", name))[0])
         if not resolved.is_file():
             raise CardError(f"{where(('data', 'source', 'files', name))}: data.source.files.{name}: file not found: {ref} "
-                            f"(looked for {resolved}; paths are relative to the card's folder)")
+                            f"(looked for {resolved}; paths are relative to the folder of the card that writes them)")
     if files:
-        changes["data.source.files"] = {name: str(_resolve_relative(ref, card_path)) for name, ref in files.items()}
+        changes["data.source.files"] = {name: str(_resolve_relative(ref, setter(("data", "source", "files", name))[0]))
+                                        for name, ref in files.items()}
     model = card.model.source
     if not _SCHEME.match(model):  # a local model folder or .gguf file
-        resolved = _resolve_relative(model, card_path)
+        resolved = _resolve_relative(model, setter(("model", "source"))[0])
         if not resolved.exists():
             raise CardError(f"{where(('model', 'source'))}: model.source: no such file or folder: {model} (looked for "
-                            f"{resolved}; paths are relative to the card's folder)")
+                            f"{resolved}; paths are relative to the folder of the card that writes them)")
         changes["model.source"] = str(resolved)
     return updated(card, changes) if changes else card
 

@@ -154,7 +154,7 @@ def test_item2_paths_resolve_relative_to_the_card_only(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(CARD))
     card = _project(tmp_path, data={"source": {"path": "shadow.jsonl"}})
     with pytest.raises(CardError, match=r"card\.yaml:\d+: data\.source\.path: file not found: shadow\.jsonl \(looked for "
-                                        f"{card.parent / 'shadow.jsonl'}; paths are relative to the card's folder\\)"):
+                                        f"{card.parent / 'shadow.jsonl'}; paths are relative to the folder of the card that writes them\\)"):
         load_card(card)
     card.write_text("parent: base.yaml\n")
     with pytest.raises(CardError, match=rf"{card}:1: parent: card not found: {card.parent / 'base.yaml'}"):

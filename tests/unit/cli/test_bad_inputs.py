@@ -161,7 +161,7 @@ CASES = [
     Case("labels-empty", r"data\.target_format\.labels: empty",
          card=_merge(GOOD_LABELS, {"data": {"target_format": {"labels": []}}})),
     Case("data-path-missing", r"card\.yaml:\d+: data\.source\.path: file not found: shadow\.jsonl \(looked for .*; paths are "
-         r"relative to the card's folder\)", card={"data": {"source": {"path": "shadow.jsonl"}}}),
+         r"relative to the folder of the card that writes them\)", card={"data": {"source": {"path": "shadow.jsonl"}}}),
     Case("data-path-in-parent-folder-not-used", r"data\.source\.path: file not found: shadow\.jsonl",
          card={"data": {"source": {"path": "shadow.jsonl"}}}, files={"../shadow.jsonl": "{}\n"}),
     Case("data-path-is-folder", r"data\.source\.path: sub is a folder, not a data file",
@@ -173,7 +173,7 @@ CASES = [
     Case("parent-not-a-path", r"card\.yaml:1: parent: expected a path to a card", text="parent: [a, b]\n"),
     Case("parent-cycle", r"parent: inheritance cycle", text="parent: other.yaml\n", files={"other.yaml": "parent: card.yaml\n"}),
     Case("model-relative-path-missing", r"card\.yaml:\d+: model\.source: no such file or folder: \.\./my-model \(looked for "
-         r".*; paths are relative to the card's folder\)", card={"model": {"source": "../my-model"}}),
+         r".*; paths are relative to the folder of the card that writes them\)", card={"model": {"source": "../my-model"}}),
     Case("model-folder-without-config", r"model\.source .*has no config\.json", card={"model": {"source": "weights"}},
          files={"weights/readme.txt": "x"}, args=DATA),
     Case("model-unknown-scheme", r"card\.yaml:\d+: model\.source 's3://bucket/model': unknown scheme",
