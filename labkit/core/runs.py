@@ -20,10 +20,12 @@ from labkit.card.shipped import is_shipped
 from labkit.core.heartbeat import is_dead
 from labkit.core.io import read_json, utc_now, write_atomic, write_json
 from labkit.core.registry import append, read_registry, status_label, summarise  # noqa: F401 (R.summarise…)
-from labkit.errors import MissingInput, RunStateError, UsageError
+from labkit.errors import MissingInput, RunStateError, StorageError, UsageError
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+# bytes set aside in every run folder and freed when the disk is full, so the run can still be recorded as failed
+RESERVE, RESERVE_BYTES = ".labkit-reserve", 256 * 1024
 STAGES = ("baseline", "preprocessing", "parameter_check", "training", "comparison")
 NOTEBOOKS = {stage: f"{i:02d}_{stage}.ipynb" for i, stage in enumerate(STAGES, 1)}
 
@@ -108,6 +110,7 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch") -> Run:
         n += 1
         folder = root / card.experiment.id / f"{base}.{n}"
     folder.mkdir(parents=True)
+    (folder / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
     run = Run(folder)
     write_atomic(run.card_path, dump_yaml(loaded.resolved))
     write_atomic(folder / "card.diff.yaml", dump_yaml({"parent": str(loaded.chain[1]) if len(loaded.chain) > 1 else None,
@@ -214,10 +217,18 @@ def record(run: Run, event: str, status: str | None = None, **fields: Any) -> di
     if event == "invalidated":
         state["invalid_reason"] = fields.get("why")
     state["heartbeat"] = time.time()
-    write_json(run.status_path, state)
     line = {"time": utc_now(), "run_id": run.run_id, "experiment": run.experiment,
             "variant": state.get("variant"), "event": event, "status": state["status"], **fields}
-    append(run.registry, line)
+    try:
+        write_json(run.status_path, state)
+        append(run.registry, line)
+    except StorageError:
+        reserve = run.dir / RESERVE
+        if not reserve.exists():
+            raise
+        reserve.unlink()  # a full disk: the run's reserve makes room for what it was to be recorded
+        write_json(run.status_path, state)
+        append(run.registry, line)
     return line
 
 

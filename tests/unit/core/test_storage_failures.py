@@ -18,10 +18,10 @@ from labkit.errors import CorruptFile, StorageError
 
 @pytest.fixture
 def small_disk(tmp_path: Path):
-    """A 256 KiB tmpfs (mounting needs root with CAP_SYS_ADMIN: CI and the dev machines have it)."""
+    """A 1 MiB tmpfs (mounting needs root with CAP_SYS_ADMIN: CI and the dev machines have it)."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root with CAP_SYS_ADMIN)")
     yield mount
     subprocess.run(["umount", "-l", str(mount)], check=False)
@@ -48,11 +48,18 @@ def test_a_full_disk_is_one_line_and_the_old_file_is_kept(small_disk: Path) -> N
     assert [p.name for p in small_disk.iterdir() if p.name.startswith(".status.json")] == []  # no temporary left
 
 
-def test_a_full_disk_during_a_registry_append_is_one_line(small_disk: Path) -> None:
+def test_a_run_on_a_full_disk_is_still_recorded_as_failed(small_disk: Path) -> None:
+    """The run's reserve (set aside when it started) makes room for recording what happened; past that, one line."""
     run = R.new_run(load_card(REPO / "params" / "smoke.yaml"), small_disk / "runs")
+    assert (run.dir / R.RESERVE).stat().st_size == R.RESERVE_BYTES
     _fill(small_disk)
+    with pytest.raises(StorageError):
+        io.write_json(run.dir / "baseline" / "baseline_metrics.json", {"pad": "x" * 100_000})  # the stage's failure
+    R.record(run, "failed", status="failed", stage="baseline", error="StorageError: No space left on device")
+    assert run.status()["status"] == "failed" and not (run.dir / R.RESERVE).exists()
+    assert R.read_registry(run.root)[-1]["event"] == "failed"
     with pytest.raises(StorageError, match="could not be written"):
-        R.record(run, "stage_done", stage="baseline", seconds=1.0, pad="x" * 300_000)
+        R.record(run, "stage_done", stage="baseline", seconds=1.0, pad="x" * 600_000)
 
 
 def test_a_corrupt_status_file_is_one_line_naming_it(tmp_path: Path, capsys) -> None:
