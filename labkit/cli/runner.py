@@ -140,7 +140,7 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
     budget = _budget_stop(run)
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
              summary=summary, **budget)
-    label = R.status_label({"status": "completed", **budget})
+    label = R.status_label({**budget, "status": run.status()["status"]})  # "invalid" when invalidated meanwhile
     log(f"{label} in {time.monotonic() - total:.0f} s → {run.dir}" + (f" ({budget['note']})" if budget else ""))
     mirror_safely(run, final=True, report=refresh_report(run, log))
 
@@ -332,6 +332,6 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
     budget = _budget_stop(run) if stage == "training" else {}
     R.record(run, "completed", status="completed", stage=stage, seconds=round(seconds, 1), **budget)
     mirror_safely(run, final=True)
-    label = R.status_label({"status": "completed", **budget})
+    label = R.status_label({**budget, "status": run.status()["status"]})  # "invalid" when invalidated meanwhile
     print(f"{R.NOTEBOOKS[stage]} done in {seconds:.1f} s → {run.dir} ({label})", file=sys.stderr)
     return run
