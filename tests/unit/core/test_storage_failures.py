@@ -70,3 +70,14 @@ def test_a_corrupt_status_file_is_one_line_naming_it(tmp_path: Path, capsys) -> 
     assert main(["--runs", str(tmp_path), "runs"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert str(run.status_path) in line
+
+
+def test_a_read_only_file_system_is_one_line_with_the_fix(small_disk: Path) -> None:
+    target = small_disk / "runs" / "status.json"
+    io.write_json(target, {"status": "running"})
+    if subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], capture_output=True).returncode:
+        pytest.skip("cannot remount the tmpfs read-only here")
+    with pytest.raises(StorageError) as err:
+        io.write_json(target, {"status": "completed"})
+    assert str(err.value).startswith(f"{target}: could not be written") and "read-only" in str(err.value)
+    assert json.loads(target.read_text()) == {"status": "running"}
