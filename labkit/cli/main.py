@@ -8,6 +8,7 @@ model source, the command's arguments, a run in the wrong state) — printed as 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import traceback
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("LABKIT_DEBUG") == "1"
+    # this process trains nothing: bitsandbytes' import-time notice about an optional CPU kernel (printed when the
+    # report or the export imports the model layer) is not the user's concern here; stage kernels log it to the run
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     try:
         return args.func(args)
     except KeyboardInterrupt:
