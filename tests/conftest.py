@@ -65,3 +65,19 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproces
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (run,) = [p for p in (runs / "smoke").iterdir() if not p.name.startswith("_")]
     return run, proc
+
+
+def top_level_names(path: Path) -> set[str]:
+    """The names a Python module defines or imports at its top level (for the tests that check named modules)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names

@@ -165,28 +165,24 @@ def _kept(every: int, state: Any, logs: dict[str, Any] | None) -> bool:
     return state.global_step % every == 0 or state.global_step <= 1 or "loss" not in logs
 
 
-class ThinnedProgress(ProgressCallback):
+class _Thinned:
+    """A transformers log callback that passes on only every `every` steps' log lines (`_kept`)."""
+
+    def __init__(self, every: int) -> None:
+        super().__init__()
+        self.every = every
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+        if _kept(self.every, state, logs):
+            super().on_log(args, state, control, logs=logs, **kwargs)  # type: ignore[misc]
+
+
+class ThinnedProgress(_Thinned, ProgressCallback):
     """transformers' console progress bar, its loss lines printed every `every` steps."""
 
-    def __init__(self, every: int) -> None:
-        super().__init__()
-        self.every = every
 
-    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
-        if _kept(self.every, state, logs):
-            super().on_log(args, state, control, logs=logs, **kwargs)
-
-
-class ThinnedPrinter(PrinterCallback):
+class ThinnedPrinter(_Thinned, PrinterCallback):
     """transformers' log printer (progress bars off), printing every `every` steps."""
-
-    def __init__(self, every: int) -> None:
-        super().__init__()
-        self.every = every
-
-    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
-        if _kept(self.every, state, logs):
-            super().on_log(args, state, control, logs=logs, **kwargs)
 
 
 class NotebookProgress(NotebookProgressCallback):

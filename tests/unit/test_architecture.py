@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from conftest import top_level_names
 
 PACKAGE = Path(__file__).resolve().parents[2] / "labkit"
 NOTEBOOKS = PACKAGE.parent / "notebooks"
@@ -243,20 +244,6 @@ def _notebook_imports(path: Path) -> list[tuple[int, str, list[str]]]:
     return found
 
 
-def _defines(path: Path) -> set[str]:
-    """Top-level names a module defines or imports."""
-    names: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
 def _notebook_problems(notebook: Path, modules: dict[str, Path]) -> tuple[list[str], set[tuple[str, str]]]:
     """What a notebook imports that it may not (or that does not exist), and the exceptions it used."""
     problems, used = [], set()
@@ -266,7 +253,7 @@ def _notebook_problems(notebook: Path, modules: dict[str, Path]) -> tuple[list[s
             problems.append(f"{notebook.name} cell {cell}: {module}: no such module")
             continue
         submodules = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]  # from labkit.show import plots
-        missing = [n for n in names if f"{module}.{n}" not in modules and n not in _defines(modules[module])]
+        missing = [n for n in names if f"{module}.{n}" not in modules and n not in top_level_names(modules[module])]
         if missing:
             problems.append(f"{notebook.name} cell {cell}: {module}: defines no {', '.join(missing)}")
         for target in submodules if names and len(submodules) == len(names) else [module]:

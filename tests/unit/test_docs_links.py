@@ -6,13 +6,13 @@ module path names a module (and a name it defines)."""
 
 from __future__ import annotations
 
-import ast
 import re
 import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from conftest import top_level_names
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -166,19 +166,6 @@ def _modules(root: Path) -> dict[str, Path]:
     return out
 
 
-def _top_level_names(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return names
-
-
 def stale_modules(files: list[Path], root: Path = ROOT) -> list[str]:
     """`file:line: labkit.x.y` for every dotted reference into a labkit package (`labkit.<package>.…`) that names no
     module, or a name its module does not define (`labkit.run_id`, an MLflow tag, is no package reference)."""
@@ -198,7 +185,7 @@ def stale_modules(files: list[Path], root: Path = ROOT) -> list[str]:
                     problems.append(f"{shown(path, root)}:{number}: {match.group(0)} (no such module)")
                     continue
                 if k < len(parts):
-                    defined = names.setdefault(module, _top_level_names(modules[module]))
+                    defined = names.setdefault(module, top_level_names(modules[module]))
                     if parts[k] not in defined and parts[k] != "py":
                         problems.append(f"{shown(path, root)}:{number}: {match.group(0)} ({module} defines no {parts[k]})")
     return problems
