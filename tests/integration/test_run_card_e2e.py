@@ -23,5 +23,5 @@ def test_stage_01_sizes_the_length_and_the_baseline_generates_with_it(tmp_path: 
     assert sized["from"] == "references" and sized["max_new_tokens"] >= sized["p95_tokens"] + 8
     assert yaml.safe_load((run / "card.yaml").read_text())["eval"]["max_new_tokens"] is None  # archived as written
     shown = (run / "notebooks" / "01_baseline.ipynb").read_text()
-    assert f"Generation length: **{sized['max_new_tokens']}** new tokens, sized from the data" in shown
+    assert f"Generation length: <strong>{sized['max_new_tokens']}</strong> new tokens, sized from the data" in shown
     assert io.read_json(run / "baseline" / "baseline_metrics.json")
