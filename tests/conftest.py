@@ -81,3 +81,27 @@ def top_level_names(path: Path) -> set[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return names
+
+
+def write_run_files(tmp: Path, name: str, seconds: float, epoch: float = 1.0) -> Path:
+    """A run folder holding only what the run metrics read: stage 04's outcome, stage 03's plan and memory."""
+    import json
+
+    run = tmp / name
+    (run / "training").mkdir(parents=True)
+    (run / "parameter_check").mkdir()
+    (run / "training" / "outcome.json").write_text(json.dumps(
+        {"steps": 63, "world_size": 1, "metrics": {"train_runtime": seconds, "epoch": epoch}}))
+    (run / "parameter_check" / "fit.json").write_text(json.dumps({"plan": {"train_tokens": 50_000, "train_seconds": 300.0}}))
+    (run / "parameter_check" / "memory.json").write_text(json.dumps(
+        {"comparison": [{"peak_gib_measured": 1.5}, {"peak_gib_measured": 2.25}]}))
+    return run
+
+
+def smoke_rows(n: int = 24) -> list[dict]:
+    """The first `n` non-empty mapped rows of the smoke card's data."""
+    from labkit.card.load import load_card
+    from labkit.data import sources as D
+
+    card = load_card(REPO / "params" / "smoke.yaml").card
+    return [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:n]

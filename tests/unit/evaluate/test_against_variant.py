@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import copy
-import json
 from pathlib import Path
 
 import pytest
+from conftest import write_run_files
 
 from labkit.card.load import load_card
 from labkit.card.schema import Card
@@ -26,16 +26,7 @@ def _card(**target) -> Card:
     return Card.model_validate(raw)
 
 
-def _run(tmp: Path, name: str, seconds: float, epoch: float = 1.0) -> Path:
-    run = tmp / name
-    (run / "training").mkdir(parents=True)
-    (run / "parameter_check").mkdir()
-    (run / "training" / "outcome.json").write_text(json.dumps(
-        {"steps": 63, "world_size": 1, "metrics": {"train_runtime": seconds, "epoch": epoch}}))
-    (run / "parameter_check" / "fit.json").write_text(json.dumps({"plan": {"train_tokens": 50_000, "train_seconds": 300.0}}))
-    (run / "parameter_check" / "memory.json").write_text(json.dumps(
-        {"comparison": [{"peak_gib_measured": 1.5}, {"peak_gib_measured": 2.25}]}))
-    return run
+_run = write_run_files
 
 
 def _metrics(field_accuracy: float, valid: float, run: dict | None = None) -> dict:

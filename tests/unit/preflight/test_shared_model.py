@@ -8,11 +8,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, smoke_rows
 
 from labkit.card.load import load_card
 from labkit.card.update import updated
-from labkit.data import sources as D
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
 from labkit.preflight.memory_check import measure
@@ -28,8 +27,7 @@ def card():
 
 @pytest.fixture(scope="module")
 def rows():
-    card = load_card(REPO / "params" / "smoke.yaml").card
-    return [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:24]
+    return smoke_rows()
 
 
 def _update(card, model, tokenizer, rows) -> dict:
