@@ -21,7 +21,7 @@ import psutil
 
 from labkit.core import io
 from labkit.data.prompting import encode_rows
-from labkit.errors import TrainingInterrupted
+from labkit.errors import StageFailed, TrainingInterrupted
 from labkit.model.method import apply_method
 from labkit.stages.context import Stage
 from labkit.stages.records import (
@@ -90,7 +90,7 @@ def _check_packing(stage: Stage, model: Any) -> None:
     check = isolation_check(model, examples, stage.card.data.max_length)
     stage.save_json(PACKING_CHECK, check)
     if not check["ok"]:
-        raise RuntimeError(f"packing would let examples attend to each other: a packed example's loss differs by "
+        raise StageFailed(f"packing would let examples attend to each other: a packed example's loss differs by "
                            f"{check['max_difference']:.2e} (tolerance {check['tolerance']:.0e}); set train.packing: false")
 
 
@@ -101,7 +101,7 @@ def run(stage: Stage) -> TrainingOutcome:
         the outcome written by rank 0 (training/outcome.json).
     Raises:
         TrainingInterrupted: a signal stopped training after a checkpoint.
-        RuntimeError: the launched training failed (with the end of its output).
+        StageFailed: the launched training failed (with the end of its output).
     """
     outcome_path = stage.path(OUTCOME)
     outcome_path.unlink(missing_ok=True)
@@ -169,7 +169,7 @@ def _launch(stage: Stage) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if proc.returncode != 0 and not stage.path(OUTCOME).exists():
-        raise RuntimeError(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
+        raise StageFailed(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
 
 
 def _cmdline(process: Any) -> list[str]:
