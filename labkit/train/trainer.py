@@ -138,7 +138,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
 
         collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
                                   if next(model.parameters()).is_floating_point() else None,
-                                  block_mask=decisions(card, device).packing != "padding_free")
+                                  block_mask=_made(card, model, device).get("packing") != "padding_free")
     args = SFTConfig(**config)
     one_gpu(args, getattr(model, "labkit_decisions", None))  # several GPUs, no launcher: cuda:0
     trainer = CompletionSFTTrainer(
@@ -153,10 +153,16 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     return trainer
 
 
+def _made(card: Card, model: Any, device: str) -> dict[str, Any]:
+    """The decisions the model was loaded with (`labkit.model.loading.model_decisions`: the architecture's attention
+    and packing path), else the card's on this device."""
+    return getattr(model, "labkit_decisions", None) or decisions(card, device).as_dict()
+
+
 def _fix(card: Card, model: Any, device: str) -> str:
     """The fix a non-finite loss names: the card's lr and clipping, the precision and the attention the model runs."""
-    made = getattr(model, "labkit_decisions", None) or decisions(card, device).as_dict()
-    return numerics_fix(card.train.lr, card.train.max_grad_norm, made["precision"], made["attention"])
+    made = _made(card, model, device)
+    return numerics_fix(card.train.lr, card.train.max_grad_norm, made.get("precision", ""), made.get("attention", ""))
 
 
 def report_to(card: Card) -> list[str]:
