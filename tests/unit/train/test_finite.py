@@ -101,3 +101,30 @@ def test_the_fix_names_bf16_and_eager_attention_in_fp16_only() -> None:
     assert "train.precision: bf16" in fp16 and "model.attn_implementation: eager" in fp16 and "lower train.lr" in fp16
     assert "eager" not in numerics_fix(2e-4, 1.0, "fp16", "labkit_eager_fp32").split("65504")[1]
     assert "bf16" not in numerics_fix(2e-4, 1.0, "bf16", "sdpa") and "now 1" in numerics_fix(2e-4, 1.0, "bf16", "sdpa")
+
+
+def test_stage_04_failing_on_a_non_finite_loss_is_a_failed_run_with_exit_1(tmp_path: Path) -> None:
+    import json
+
+    import nbformat
+
+    from labkit.cli import runner
+    from labkit.core import runs as R
+    from labkit.errors import StageFailed
+
+    nb_dir = tmp_path / "notebooks"
+    nb_dir.mkdir()
+    book = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"},
+                                              "language_info": {"name": "python"}})
+    book.cells = [nbformat.v4.new_code_cell("card = run_dir = None", metadata={"tags": ["parameters"]}),
+                  nbformat.v4.new_code_cell("from labkit.errors import NonFiniteError\n"
+                                            "raise NonFiniteError('training stopped at step 3: the loss is nan "
+                                            "(last finite loss 2.0000 at step 2); fix: a lower train.lr')")]
+    nbformat.write(book, nb_dir / R.NOTEBOOKS["training"])
+    run = R.new_run(load_card(REPO / "params" / "smoke.yaml"), tmp_path / "runs")
+    with pytest.raises(StageFailed) as raised:
+        runner._execute(run, ("training",), nb_dir, lambda line: None)
+    assert raised.value.exit_code == 1  # a stage that failed on valid input, not bad input (2)
+    assert "NonFiniteError: training stopped at step 3: the loss is nan" in str(raised.value)
+    status = json.loads((run.dir / "status.json").read_text())
+    assert status["status"] == "failed" and "step 3" in status["error"]
