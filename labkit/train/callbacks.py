@@ -93,7 +93,7 @@ def numerics_fix(lr: float, max_grad_norm: float, precision: str, attention: str
     """
     fixes = []
     if precision == "fp16":
-        fixes.append("train.precision: bf16 (a GPU of compute capability ≥ 8.0) or fp32 — float16 overflows above 65504")
+        fixes.append("train.precision: bf16 (a GPU of compute capability ≥ 8.0) or fp32 — float16 overflows past 65504")
         if "eager" not in attention:
             fixes.append("model.attn_implementation: eager (Phi in float16 overflows in its attention scores)")
     fixes += [f"a lower train.lr (now {lr:g})", f"a lower train.max_grad_norm (now {max_grad_norm:g})"]

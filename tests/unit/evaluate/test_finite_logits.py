@@ -46,7 +46,7 @@ def test_nan_logits_fail_the_evaluation_with_the_row(tiny_model) -> None:
 
 def test_inf_logits_fail_but_a_suppressed_token_does_not(tiny_model) -> None:
     card, rows, tokenizer, model = _setup(tiny_model)
-    handle = model.lm_head.register_forward_hook(lambda _m, _i, out: out.index_fill(-1, torch.tensor([3]), float("-inf")))
+    handle = model.lm_head.register_forward_hook(lambda _m, _i, out: out.index_fill(-1, torch.tensor([3]), -torch.inf))
     assert len(generate_answers(model, tokenizer, card, rows)) == 3  # one -inf logit: a token ruled out, not an error
     handle.remove()
     model.lm_head.register_forward_hook(lambda _m, _i, out: out.index_fill(-1, torch.tensor([3]), float("inf")))

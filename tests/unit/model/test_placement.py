@@ -161,15 +161,17 @@ def test_attention_when_packing(name, kernels, attention, path) -> None:
 
 
 def test_flex_attention_named_in_the_card_below_sm80_gets_a_note() -> None:
-    made = decide(card("lora", model__attn_implementation="flex_attention", train__packing=True), profile("t4"), 1, FLEX)
+    flex = card("lora", model__attn_implementation="flex_attention", train__packing=True)
+    made = decide(flex, profile("t4"), 1, FLEX)
     assert (made.attention, made.packing) == ("flex_attention", "padding_free")
     assert made.notes == ("model.attn_implementation: flex_attention has not been validated below compute capability "
                           "8.0 (Tesla T4, sm_75); auto packs with sdpa and labkit's block mask here",)
     assert decide(card("lora", model__attn_implementation="flex_attention"), profile("h100"), 1, FLEX).notes == ()
 
 
-@pytest.mark.parametrize("name, keys", [("t4", {}), ("t4", {"method__kind": "qlora"}), ("a100", {"train__precision": "fp16"}),
-                                        ("cpu", {"model__dtype": "float16"}), ("t4", {"model__attn_implementation": "eager"})])
+@pytest.mark.parametrize("name, keys", [
+    ("t4", {}), ("t4", {"method__kind": "qlora"}), ("a100", {"train__precision": "fp16"}),
+    ("cpu", {"model__dtype": "float16"}), ("t4", {"model__attn_implementation": "eager"})])
 def test_phi_in_float16_gets_eager_attention_with_float32_scores(name, keys) -> None:
     kind = keys.pop("method__kind", "lora")
     c = card(kind, train__packing=True, **keys)
@@ -190,7 +192,8 @@ def test_phi_in_bf16_or_fp32_keeps_its_kernel() -> None:
 def test_a_fused_kernel_for_phi_in_float16_is_refused_naming_bf16_and_fp32(kernel) -> None:
     c = card("lora", model__attn_implementation=kernel, train__precision="fp16")
     made = decide(c, profile("a100"), world_size=1, kernels=BOTH)
-    with pytest.raises(CardError, match=rf"^model.attn_implementation: {kernel} computes phi's attention scores in fp16, "
+    with pytest.raises(CardError, match=rf"^model.attn_implementation: {kernel} computes phi's attention scores in "
+                       r"fp16, "
                        r"where they overflow to NaN .*set auto or eager \(float32 scores\), or train in bf16 .* or "
                        r"fp32 \(train.precision, model.dtype\)$"):
         for_architecture(made, c, "phi")

@@ -42,7 +42,7 @@ def _trainer(tmp_path: Path, tiny_model, nan_step: int, **card_keys) -> tuple:
     return trainer, card
 
 
-def test_a_nan_loss_stops_training_at_its_step_with_the_last_finite_loss_and_the_fix(tmp_path: Path, tiny_model) -> None:
+def test_a_nan_loss_stops_training_at_its_step_naming_the_last_finite_loss_and_fix(tmp_path: Path, tiny_model) -> None:
     trainer, card = _trainer(tmp_path, tiny_model, nan_step=3)
     with pytest.raises(NonFiniteError) as raised:
         trainer.train()
@@ -114,8 +114,8 @@ def test_stage_04_failing_on_a_non_finite_loss_is_a_failed_run_with_exit_1(tmp_p
 
     nb_dir = tmp_path / "notebooks"
     nb_dir.mkdir()
-    book = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "language": "python", "display_name": "Python 3"},
-                                              "language_info": {"name": "python"}})
+    kernel = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    book = nbformat.v4.new_notebook(metadata={"kernelspec": kernel, "language_info": {"name": "python"}})
     book.cells = [nbformat.v4.new_code_cell("card = run_dir = None", metadata={"tags": ["parameters"]}),
                   nbformat.v4.new_code_cell("from labkit.errors import NonFiniteError\n"
                                             "raise NonFiniteError('training stopped at step 3: the loss is nan "
