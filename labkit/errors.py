@@ -95,6 +95,13 @@ class StageInterrupted(StageFailed):
     """The training stage stopped on a signal after writing a checkpoint; the run is marked interrupted."""
 
 
+class NonFiniteError(LabkitError, FloatingPointError):
+    """A loss, gradient norm, logit or score that is NaN or infinite: one line naming where (step, row) and the fix.
+    Training stops on it and evaluation never turns it into a score."""
+
+    exit_code = 1
+
+
 class TrainingInterrupted(LabkitError, RuntimeError):
     """Training stopped on a signal after writing a checkpoint."""
 

@@ -1,4 +1,9 @@
-"""Batched greedy generation with left padding and a KV cache (the evaluation procedure)."""
+"""Batched greedy generation with left padding and a KV cache (the evaluation procedure).
+
+Every generated token's logits are checked (`FiniteLogits`, a transformers LogitsProcessor): a NaN or +inf logit, or a
+row with no finite one, raises `labkit.errors.NonFiniteError` — an answer decoded from such logits (token 0 repeated,
+"!!!!") is never scored.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,48 @@ from typing import Any
 
 import torch
 import tqdm.auto
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from labkit.card.schema import Card
 from labkit.core.progress import emit
 from labkit.data.prompting import prompt_ids
+from labkit.errors import NonFiniteError
+
+
+class FiniteLogits(LogitsProcessor):
+    """Raises `NonFiniteError` at the first generated token whose logits hold a NaN or +inf, or a row none of whose
+    logits is finite (a single -inf is a token generate's own processors ruled out, e.g. suppressed tokens). Scores
+    pass through unchanged.
+
+    Args:
+        desc: what is being generated (the progress label), named in the error.
+        fix: the fix the error names.
+    """
+
+    def __init__(self, desc: str, fix: str) -> None:
+        self.desc, self.fix = desc, fix
+        self.row_ids: list[Any] = []  # the ids of the current batch's rows, in batch order
+        self.prompt_width = 0
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        bad = scores.isnan().any(dim=-1) | scores.isposinf().any(dim=-1) | ~scores.isfinite().any(dim=-1)
+        if bool(bad.any()):
+            rows = [self.row_ids[i] if i < len(self.row_ids) else i for i in bad.nonzero().flatten().tolist()]
+            kind = "nan" if bool(scores.isnan().any()) else "inf"
+            raise NonFiniteError(f"{self.desc}: non-finite logits ({kind}) at generated token "
+                                 f"{input_ids.shape[1] - self.prompt_width + 1} of row(s) {rows}; an answer decoded "
+                                 f"from them is not scored; {self.fix}")
+        return scores
+
+
+def logits_fix(model: Any) -> str:
+    """The fix non-finite logits name, by the dtype the model computes in."""
+    dtype = next(model.parameters()).dtype
+    if dtype == torch.float16:
+        return ("fix: load in bfloat16 (a GPU of compute capability ≥ 8.0) or float32 (model.dtype, train.precision) — "
+                "float16 overflows above 65504; Phi in float16 needs model.attn_implementation: eager or auto")
+    return ("fix: the weights hold NaN or inf — check the training run's loss (a lower train.lr or "
+            "train.max_grad_norm) and retrain")
 
 
 def batches(lengths: list[int], size: int) -> list[list[int]]:
@@ -56,6 +99,8 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
         desc: progress bar label.
     Returns:
         the decoded answers, in the order of `rows`.
+    Raises:
+        NonFiniteError: a generated token's logits were not finite (`FiniteLogits`).
     """
     if card.eval.max_new_tokens is None:
         raise ValueError("eval.max_new_tokens is unset: open the run's stage (labkit.stages.context) so stage 01 sizes "
@@ -68,6 +113,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     was_training = model.training
     model.eval()
     start, done = time.monotonic(), 0
+    check = FiniteLogits(desc, logits_fix(model))
     # tqdm.auto.tqdm looked up at call time: under `labkit run` the kernel's plain-text bar replaces it
     with torch.inference_mode(), tqdm.auto.tqdm(total=len(prompts), desc=desc, unit="ex") as bar:
         for idx in batches([len(p) for p in prompts], card.eval.batch_size):
@@ -78,10 +124,11 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
                 ids = prompts[i]
                 input_ids[row, width - len(ids):] = torch.tensor(ids)
                 attention[row, width - len(ids):] = 1
+            check.row_ids, check.prompt_width = [rows[i].get("id", i) for i in idx], width
             out = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=False,
                 max_new_tokens=card.eval.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
-                use_cache=True, temperature=None, top_p=None, top_k=None)
+                use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]))
             for row, i in enumerate(idx):
                 answers[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()
             bar.update(len(idx))

@@ -6,8 +6,10 @@ the hash of (model revision, evaluation data, evaluation procedure) and shared b
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from labkit.errors import NonFiniteError
 from labkit.evaluate.generation import generate_answers
 from labkit.scoring.metrics import score_predictions
 
@@ -39,7 +41,34 @@ def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> 
         answers: one answer per row.
     Returns:
         (per-example rows with scores, aggregated metrics).
+    Raises:
+        NonFiniteError: a score came out NaN or infinite (never recorded as a score).
     """
     records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
                 "prediction": a} for r, a in zip(rows, answers)]
-    return score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)
+    scored, metrics = score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)
+    scores = ((f"row {r.get('id')}", {k: v for k, v in r.items() if isinstance(v, float)}) for r in scored)
+    for where, values in [*scores, ("the metrics", metrics)]:
+        bad = non_finite(values)
+        if bad:
+            raise NonFiniteError(f"evaluation: {where} scored {bad[0]} — a non-finite value is not a score; check the "
+                                 "answers and the card's target format")
+    return scored, metrics
+
+
+def non_finite(values: Any, path: str = "") -> list[str]:
+    """The non-finite numbers in nested dicts / lists, as "key.path = value" (empty: all finite).
+
+    Args:
+        values: a number, or dicts and lists of them (other values are ignored).
+        path: the prefix of the keys named.
+    Returns:
+        one "path = value" per NaN or infinite number.
+    """
+    if isinstance(values, float):
+        return [] if math.isfinite(values) else [f"{path or 'value'} = {values}"]
+    if isinstance(values, dict):
+        return [b for k, v in values.items() for b in non_finite(v, f"{path}.{k}" if path else str(k))]
+    if isinstance(values, (list, tuple)):
+        return [b for i, v in enumerate(values) for b in non_finite(v, f"{path}[{i}]")]
+    return []

@@ -2,7 +2,8 @@
 
 The device is chosen for the machine the notebook runs on (CUDA or ROCm GPU, Apple MPS, else CPU), so the
 same notebook runs on a laptop, Colab, Kaggle or a rented GPU; dtypes and the attention implementation are
-`labkit.model.placement.decide`'s, read from the machine's device profile.
+`labkit.model.placement.decide`'s, read from the machine's device profile, then adjusted for the architecture
+(`labkit.model.placement.for_architecture`: Phi in float16 gets eager attention with float32 scores).
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
 from labkit.errors import MethodError, ModelSourceError
-from labkit.model.placement import Decisions, decide
+from labkit.model import attention
+from labkit.model.placement import Decisions, decide, for_architecture
 from labkit.model.sources import ResolvedModel
-
 
 
 def pick_device() -> str:
@@ -191,6 +192,31 @@ def baseline_numerics(card: Card, device: str | DeviceProfile) -> dict[str, Any]
                                                     "compute_dtype": made.compute_dtype}}
 
 
+def model_decisions(resolved: ResolvedModel, card: Card, device: str | None = None) -> Decisions:
+    """`decisions` for this card on `device`, adjusted for the resolved model's architecture (its config's
+    model_type: `labkit.model.placement.for_architecture`), the architecture's note printed.
+
+    Args:
+        resolved: the resolved model source (its config is read, not its weights).
+        card: the card.
+        device: "cuda", "cpu", …; None: the best one present.
+    Returns:
+        the decisions the model loads and trains with.
+    Raises:
+        CardError: an attention kernel the architecture cannot use at this precision.
+    """
+    made = decisions(card, device)
+    try:
+        config = AutoConfig.from_pretrained(resolved.location, trust_remote_code=card.model.trust_remote_code,
+                                            **resolved.from_pretrained_kwargs())
+    except Exception:  # noqa: BLE001 - from_pretrained reports an unloadable model with its cause
+        return made
+    adjusted = for_architecture(made, card, getattr(config, "model_type", None))
+    for note in adjusted.notes[len(made.notes):]:
+        print(f"note: {note}")
+    return adjusted
+
+
 def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, quantize: bool = True) -> Any:
     """Load the base model for causal LM, quantised when the card's method is qlora.
 
@@ -203,7 +229,9 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
         the model, in eval mode, on the device.
     """
     device = device or pick_device()
-    made = decisions(card, device)
+    made = model_decisions(resolved, card, device)
+    if made.attention == attention.FP32_SCORES:
+        attention.register()
     kwargs: dict[str, Any] = {"dtype": getattr(torch, made.weight_dtype), "attn_implementation": made.attention,
                               "trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
     qconfig = quantization_config(card, device) if quantize else None

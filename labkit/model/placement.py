@@ -12,8 +12,11 @@ refusal is tested on a CPU with recorded profiles of a T4, a 2×T4 box, an A100,
   `distributed` keys that use them all (TRL refuses the DataParallel that transformers would otherwise wrap).
 - attention (`model.attn_implementation: auto`): sdpa; when packing on a GPU, flash_attention_2 (padding-free,
   variable-length kernels) where flash-attn is installed and the GPU supports it, else flex_attention (transformers
-  builds the document mask on the GPU from the restarting position ids); labkit's 4D block mask only where neither
-  applies (the CPU, MPS, an explicit sdpa / eager).
+  builds the document mask on the GPU from the restarting position ids) on a GPU of compute capability ≥ 8.0 (flex
+  attention's Triton kernels are not validated below: a T4 packs with sdpa and the block mask); labkit's 4D block
+  mask where none applies (the CPU, MPS, a T4, an explicit sdpa / eager).
+- the architecture (`for_architecture`, once the model's config is read): Phi (model_type `phi`) in float16 gets
+  eager attention with float32 scores (`labkit.model.attention`), or a refusal of a fused kernel naming bf16 / fp32.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_ava
 from labkit.card.schema import Card, Method, Train
 from labkit.core.device import DeviceProfile
 from labkit.errors import CardError
+from labkit.model.attention import FP32_SCORES
 
 # largest allowed |packed − alone| of an example's mean loss, by the dtype the forward pass computes in: float32
 # agrees to rounding (1e-4); float16 keeps 11 significant bits, bfloat16 8 (relative rounding 2^-8 ≈ 4e-3 per
@@ -35,6 +39,13 @@ from labkit.errors import CardError
 # mathematically equal computations with a different kernel or reduction order
 PACK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 _PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+# architectures whose attention scores overflow float16 (Phi-1/1.5/2: transformers issues 28163, 28673)
+FP16_OVERFLOW = ("phi",)
+
+
+def _sm80(profile: DeviceProfile) -> bool:
+    """A CUDA GPU of compute capability ≥ 8.0 (Ampere and later), where flex attention's kernels are validated."""
+    return profile.type == "cuda" and profile.capability is not None and int(profile.capability.split(".")[0]) >= 8
 
 
 @dataclass(frozen=True)
@@ -126,7 +137,7 @@ def _attention(card: Card, profile: DeviceProfile, weights: str, kernels: dict[s
         return "sdpa", None
     if flash_ok:
         return "flash_attention_2", "padding_free"
-    if profile.type == "cuda" and kernels.get("flex_attention", False):
+    if _sm80(profile) and kernels.get("flex_attention", False):  # not validated below sm80 (a T4: sm_75)
         return "flex_attention", "padding_free"
     return "sdpa", "block_mask"
 
@@ -171,6 +182,9 @@ def _decide(card: Card, profile: DeviceProfile, world_size: int,
     attention, packing = _attention(card, profile, weights, kernels)
     d = card.distributed
     notes: list[str] = []
+    if attention == "flex_attention" and profile.type == "cuda" and not _sm80(profile):
+        notes.append(f"model.attn_implementation: flex_attention has not been validated below compute capability 8.0 "
+                     f"({profile.name}, {profile.arch}); auto packs with sdpa and labkit's block mask here")
     gpus = profile.count if profile.is_gpu else 0
     used = min(gpus, 1)
     if profile.is_gpu and d.launcher == "accelerate":
@@ -186,6 +200,37 @@ def _decide(card: Card, profile: DeviceProfile, world_size: int,
     return Decisions(device=profile.device, weight_dtype=weights, precision=precision, loss_scaler=precision == "fp16",
                      compute_dtype=compute, attention=attention, packing=packing, packing_tolerance=tolerance,
                      gpus_visible=gpus, gpus_used=used, notes=tuple(notes))
+
+
+def for_architecture(made: Decisions, card: Card, model_type: str | None) -> Decisions:
+    """The decisions for the model's architecture, once its config is read: Phi (`FP16_OVERFLOW`) computing in float16
+    (fp16 training, float16 weights or a float16 4-bit compute dtype) gets eager attention with float32 scores
+    (`labkit.model.attention.FP32_SCORES`) for `model.attn_implementation: auto | eager`; a fused kernel named in the
+    card is refused.
+
+    Args:
+        made: `decide`'s decisions for the card on this device.
+        card: the card.
+        model_type: the model config's `model_type` ("phi", "llama", …), or None when unknown.
+    Returns:
+        `made`, or a copy with the attention (and the packing path: labkit's block mask) replaced and a note.
+    Raises:
+        CardError: sdpa, flash_attention_2 or flex_attention named for Phi in float16, in one line naming bf16 / fp32.
+    """
+    float16 = "fp16" if made.precision == "fp16" else "float16" if "float16" in (made.weight_dtype,
+                                                                                  made.compute_dtype) else None
+    if model_type not in FP16_OVERFLOW or float16 is None or made.attention == FP32_SCORES:
+        return made
+    wanted = card.model.attn_implementation
+    if wanted not in ("auto", "eager"):
+        raise CardError(f"model.attn_implementation: {wanted} computes {model_type}'s attention scores in {float16}, "
+                        "where they overflow to NaN (transformers issues 28163, 28673); set auto or eager (float32 "
+                        "scores), or train in bf16 (a GPU of compute capability ≥ 8.0) or fp32 (train.precision, "
+                        "model.dtype)")
+    note = (f"{model_type} in {float16}: eager attention with float32 scores ({FP32_SCORES}), since its scores "
+            "overflow float16 in sdpa / flash / flex; bf16 or fp32 would not need it")
+    return replace(made, attention=FP32_SCORES, packing="block_mask" if made.packing else None,
+                   notes=(*made.notes, note))
 
 
 def one_gpu(args: Any, made: Decisions | dict[str, Any] | None) -> bool:

@@ -4,6 +4,8 @@
   ETA) and per evaluation; `labkit run` prints them on the terminal while the archived notebook stays free of
   progress bars. The ETA uses stage 03's measured step time ($LABKIT_STEP_SECONDS, set by `labkit run` from
   `parameter_check/fit.json`) until three steps of this run have been timed, then this run's own pace.
+- `FiniteCheck`: stops training (`labkit.errors.NonFiniteError`) at a logged step whose loss or gradient norm is NaN
+  or infinite, and at an evaluation whose loss is, naming the step, the last finite loss and the fix (`numerics_fix`).
 - `BudgetStop`: stops after the step that spends the card's `budget.max_minutes` (`labkit.train.trainer`).
 - `InterruptStop`: SIGTERM / Ctrl-C → checkpoint and stop (`labkit.train.resilience.Interruption`).
 - `ThinnedProgress`, `ThinnedPrinter`, `NotebookProgress`: transformers' own progress output, printed every
@@ -17,6 +19,7 @@ The generation-metric callback of early stopping lives with its scoring (`labkit
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -28,6 +31,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils.notebook import NotebookProgressCallback
 
 from labkit.core.progress import emit
+from labkit.errors import NonFiniteError
 
 
 def eta(step: int, total: int, start_step: int, elapsed: float, planned: float | None) -> float | None:
@@ -74,6 +78,72 @@ class LiveProgress(TrainerCallback):
             return
         emit(phase="train", done=step, total=total, loss=logs.get("loss"), eval_loss=logs.get("eval_loss"),
              eta_s=eta(step, total, self.start_step, time.monotonic() - self.start, self.planned))
+
+
+def numerics_fix(lr: float, max_grad_norm: float, precision: str, attention: str) -> str:
+    """The fix a non-finite loss or gradient norm names, for the card's settings on this device.
+
+    Args:
+        lr: train.lr.
+        max_grad_norm: train.max_grad_norm.
+        precision: the decided training precision ("bf16", "fp16", "fp32").
+        attention: the attention implementation the model runs.
+    Returns:
+        one clause: the changes to try, most likely first.
+    """
+    fixes = []
+    if precision == "fp16":
+        fixes.append("train.precision: bf16 (a GPU of compute capability ≥ 8.0) or fp32 — float16 overflows past 65504")
+        if "eager" not in attention:
+            fixes.append("model.attn_implementation: eager (Phi in float16 overflows in its attention scores)")
+    fixes += [f"a lower train.lr (now {lr:g})", f"a lower train.max_grad_norm (now {max_grad_norm:g})"]
+    return "fix: " + "; or ".join(fixes)
+
+
+def _skipped_by_scaler(optimizer: Any) -> bool:
+    """Whether fp16's loss scaler skipped this step (an overflow of the scaled gradients, its normal search for a
+    scale) while its scale is still ≥ 1; below 1 the gradients overflow unscaled, a real failure."""
+    scaler = getattr(optimizer, "scaler", None)
+    return bool(scaler is not None and getattr(optimizer, "step_was_skipped", False) and scaler.get_scale() >= 1.0)
+
+
+class FiniteCheck(TrainerCallback):
+    """At every logged step: the loss and the gradient norm must be finite (a non-finite gradient norm on a step fp16's
+    loss scaler skipped is its normal search for a scale), and every evaluation's loss; otherwise training stops
+    with `NonFiniteError` naming the step, the last finite loss and `fix`.
+
+    The trainer must log with `logging_nan_inf_filter=False`, or transformers replaces a NaN loss by the average of
+    the previous ones (labkit's `build_trainer` sets it).
+
+    Args:
+        fix: the fix the error names (`numerics_fix`).
+    """
+
+    def __init__(self, fix: str) -> None:
+        self.fix = fix
+        self.last: tuple[int, float] | None = None  # (step, loss) of the last finite logged loss
+
+    def _stop(self, where: str, what: str) -> NonFiniteError:
+        last = (f"last finite loss {self.last[1]:.4f} at step {self.last[0]}" if self.last
+                else "no finite loss logged before it")
+        return NonFiniteError(f"{where}: {what} ({last}); {self.fix}")
+
+    def on_log(self, args, state, control, logs=None, optimizer=None, **kwargs):  # noqa: ANN001, ANN003
+        logs = logs or {}
+        if "loss" not in logs:
+            return
+        step, loss, norm = state.global_step, float(logs["loss"]), logs.get("grad_norm")
+        if not math.isfinite(loss):
+            raise self._stop(f"training stopped at step {step}", f"the loss is {loss}")
+        if norm is not None and not math.isfinite(float(norm)) and not _skipped_by_scaler(optimizer):
+            raise self._stop(f"training stopped at step {step}", f"the gradient norm is {float(norm)}")
+        self.last = (step, loss)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):  # noqa: ANN001, ANN003
+        bad = {k: v for k, v in (metrics or {}).items() if isinstance(v, float) and not math.isfinite(v)}
+        if bad:
+            raise self._stop(f"training stopped at the evaluation of step {state.global_step}",
+                             ", ".join(f"{k} is {v}" for k, v in bad.items()))
 
 
 class BudgetStop(TrainerCallback):

@@ -21,7 +21,14 @@ from labkit.data.prompting import encode_rows
 from labkit.model.loading import decisions
 from labkit.model.placement import one_gpu
 from labkit.scoring.names import METRICS
-from labkit.train.callbacks import BudgetStop, LiveProgress, tensorboard_into, thin_progress
+from labkit.train.callbacks import (
+    BudgetStop,
+    FiniteCheck,
+    LiveProgress,
+    numerics_fix,
+    tensorboard_into,
+    thin_progress,
+)
 from labkit.train.early_stopping import callbacks as stopping_callbacks
 from labkit.train.early_stopping import trainer_arguments
 from labkit.train.loss_head import CompletionSFTTrainer
@@ -101,6 +108,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=False,
         padding_free=False, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
         optim=OPTIMIZERS[t.optimizer][1], logging_steps=1 if checkpoints else t.logging_steps, logging_first_step=True,
+        logging_nan_inf_filter=False,  # a NaN loss is logged as NaN, never replaced by the previous losses' average
         report_to=report_to(card) if checkpoints else "none",
         use_cpu=device == "cpu", dataloader_num_workers=0, completion_only_loss=True, disable_tqdm=False,
         **steps, **eval_kwargs, **save_kwargs, **_precision(card, device))
@@ -115,6 +123,8 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     interruption = Interruption()
     if checkpoints:
         callbacks.append(interruption.callback())
+        # every step is logged in stage 04: each one's loss and gradient norm must be finite
+        callbacks.append(FiniteCheck(_fix(card, model, device)))
     if stopping:  # on eval_loss, or on a generation metric added to each evaluation (labkit/train/early_stopping.py)
         callbacks += stopping_callbacks(card, tokenizer, eval_rows)
     model.config.use_cache = False  # no KV cache in training (and required for packed isolation)
@@ -128,7 +138,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
 
         collator = PackedCollator(tokenizer.pad_token_id, next(model.parameters()).dtype
                                   if next(model.parameters()).is_floating_point() else None,
-                                  block_mask=decisions(card, device).packing != "padding_free")
+                                  block_mask=_made(card, model, device).get("packing") != "padding_free")
     args = SFTConfig(**config)
     one_gpu(args, getattr(model, "labkit_decisions", None))  # several GPUs, no launcher: cuda:0
     trainer = CompletionSFTTrainer(
@@ -141,6 +151,18 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
         # each micro-batch's own token mean, divided by the accumulation count (no num_items_in_batch)
         trainer.model_accepts_loss_kwargs = False
     return trainer
+
+
+def _made(card: Card, model: Any, device: str) -> dict[str, Any]:
+    """The decisions the model was loaded with (`labkit.model.loading.model_decisions`: the architecture's attention
+    and packing path), else the card's on this device."""
+    return getattr(model, "labkit_decisions", None) or decisions(card, device).as_dict()
+
+
+def _fix(card: Card, model: Any, device: str) -> str:
+    """The fix a non-finite loss names: the card's lr and clipping, the precision and the attention the model runs."""
+    made = _made(card, model, device)
+    return numerics_fix(card.train.lr, card.train.max_grad_norm, made.get("precision", ""), made.get("attention", ""))
 
 
 def report_to(card: Card) -> list[str]:

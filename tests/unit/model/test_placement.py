@@ -12,7 +12,8 @@ from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.core.device import DeviceProfile, cpu_profile, load_profile
 from labkit.errors import CardError
-from labkit.model.placement import PACK_TOLERANCE, decide, one_gpu
+from labkit.model.attention import FP32_SCORES
+from labkit.model.placement import PACK_TOLERANCE, decide, for_architecture, one_gpu
 
 PROFILES = Path(__file__).resolve().parent.parent / "core" / "profiles"
 NONE = {"flash_attention_2": False, "flex_attention": False}
@@ -144,8 +145,8 @@ def test_ddp_over_both_gpus_when_the_card_asks() -> None:
 @pytest.mark.parametrize("name, kernels, attention, path", [
     ("cpu", BOTH, "sdpa", "block_mask"),  # the CPU keeps labkit's 4D block mask
     ("t4", NONE, "sdpa", "block_mask"),  # no flex attention: the 4D mask
-    ("t4", FLEX, "flex_attention", "padding_free"),  # flex document mask, built on the GPU
-    ("t4", BOTH, "flex_attention", "padding_free"),  # flash-attn 2 does not run on sm_75
+    ("t4", FLEX, "sdpa", "block_mask"),  # flex attention is not chosen below sm80 (not validated on sm_75)
+    ("t4", BOTH, "sdpa", "block_mask"),  # flash-attn 2 does not run on sm_75, flex is not chosen there
     ("a100", BOTH, "flash_attention_2", "padding_free"),
     ("h100", FLEX, "flex_attention", "padding_free"),
     ("mi300x", BOTH, "flash_attention_2", "padding_free"),
@@ -157,6 +158,45 @@ def test_attention_when_packing(name, kernels, attention, path) -> None:
     assert (made.attention, made.packing) == (attention, path)
     unpacked = decide(card("lora"), p, world_size=1, kernels=kernels)
     assert (unpacked.attention, unpacked.packing, unpacked.packing_tolerance) == ("sdpa", None, None)
+
+
+def test_flex_attention_named_in_the_card_below_sm80_gets_a_note() -> None:
+    flex = card("lora", model__attn_implementation="flex_attention", train__packing=True)
+    made = decide(flex, profile("t4"), 1, FLEX)
+    assert (made.attention, made.packing) == ("flex_attention", "padding_free")
+    assert made.notes == ("model.attn_implementation: flex_attention has not been validated below compute capability "
+                          "8.0 (Tesla T4, sm_75); auto packs with sdpa and labkit's block mask here",)
+    assert decide(card("lora", model__attn_implementation="flex_attention"), profile("h100"), 1, FLEX).notes == ()
+
+
+@pytest.mark.parametrize("name, keys", [
+    ("t4", {}), ("t4", {"method__kind": "qlora"}), ("a100", {"train__precision": "fp16"}),
+    ("cpu", {"model__dtype": "float16"}), ("t4", {"model__attn_implementation": "eager"})])
+def test_phi_in_float16_gets_eager_attention_with_float32_scores(name, keys) -> None:
+    kind = keys.pop("method__kind", "lora")
+    c = card(kind, train__packing=True, **keys)
+    made = decide(c, cpu_profile() if name == "cpu" else profile(name), world_size=1, kernels=BOTH)
+    phi = for_architecture(made, c, "phi")
+    assert (phi.attention, phi.packing) == (FP32_SCORES, "block_mask")  # labkit's mask: never the padding-free path
+    assert phi.notes[-1].startswith("phi in f") and "float32 scores" in phi.notes[-1]
+    assert for_architecture(made, c, "llama") is made and for_architecture(phi, c, "phi") is phi
+
+
+def test_phi_in_bf16_or_fp32_keeps_its_kernel() -> None:
+    for name, p in (("a100", profile("a100")), ("cpu", cpu_profile())):
+        made = decide(card("lora"), p, world_size=1, kernels=NONE)
+        assert for_architecture(made, card("lora"), "phi") is made, name
+
+
+@pytest.mark.parametrize("kernel", ["sdpa", "flash_attention_2", "flex_attention"])
+def test_a_fused_kernel_for_phi_in_float16_is_refused_naming_bf16_and_fp32(kernel) -> None:
+    c = card("lora", model__attn_implementation=kernel, train__precision="fp16")
+    made = decide(c, profile("a100"), world_size=1, kernels=BOTH)
+    with pytest.raises(CardError, match=rf"^model.attn_implementation: {kernel} computes phi's attention scores in "
+                       r"fp16, "
+                       r"where they overflow to NaN .*set auto or eager \(float32 scores\), or train in bf16 .* or "
+                       r"fp32 \(train.precision, model.dtype\)$"):
+        for_architecture(made, c, "phi")
 
 
 def test_attention_named_in_the_card() -> None:
