@@ -264,9 +264,9 @@ class RejectedFrom(Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
 
     from_: Literal["base_model"] = Field(
-        alias="from", description="base_model: each training and validation row's rejected answer is the base model's "
-        "own greedy answer to its prompt (generated once with the eval settings, cached by model revision, data version "
-        "and prompt format)")
+        alias="from", description="base_model: the rejected answer of each training row the run reads (with "
+        "train.max_steps, only those its steps read) and of each validation row is the base model's own greedy answer "
+        "to its prompt (generated once with the eval settings, cached by model revision, data version and prompt format)")
 
 
 class Data(Strict):

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from labkit.card.consistency import check_consistency
+from labkit.card.experiment_and_data import HubSource
 from labkit.card.schema import Card
 from labkit.card.shipped import shipped_card
 from labkit.card.update import updated
@@ -44,10 +46,12 @@ class LoadedCard:
     def where(self, key: str) -> str:
         """`file:line` of a dotted key in the card or the parent that sets it (the card's path when no file does)."""
         loc = tuple(int(p) if p.isdigit() else p for p in key.split("."))
-        for path in self.chain:
-            line = _line_of(yaml.compose(path.read_text(encoding="utf-8")), loc)
-            if line is not None:
-                return f"{path}:{line}"
+        nodes = [(path, yaml.compose(path.read_text(encoding="utf-8"))) for path in self.chain]
+        for exact in (True, False):  # the file that writes the key itself, else the deepest part of it written
+            for path, node in nodes:
+                line = _line_of(node, loc, exact=exact)
+                if line is not None:
+                    return f"{path}:{line}"
         return str(self.path)
 
     @property
@@ -115,8 +119,9 @@ def _read_yaml(path: Path, referenced_by: str | None = None) -> tuple[dict[str, 
     return data, node
 
 
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
-    """Find the 1-based line of a key path in a composed YAML node (deepest key found)."""
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...], exact: bool = False) -> int | None:
+    """Find the 1-based line of a key path in a composed YAML node (deepest key found; with exact, None unless the
+    whole path is there)."""
     line = None
     for part in loc:
         if isinstance(node, yaml.MappingNode):
@@ -125,12 +130,12 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
                     line, node = key_node.start_mark.line + 1, value_node
                     break
             else:
-                return line
+                return None if exact else line
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
         else:
-            return line
+            return None if exact else line
     return line
 
 
@@ -261,8 +266,12 @@ def load_card(path: str | Path) -> LoadedCard:
         for _, _, data in reversed(chain[1:]):
             parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
     full = card.model_dump(mode="json")
+    if card.data.split.from_source is not None and isinstance(card.data.source, HubSource):
+        del full["data"]["source"]["split"]  # unused (the mapping names the splits): an archived copy must reload
     diff = card_diff(_normalise(parent_resolved), _normalise(full)) if len(chain) > 1 else {}
-    return LoadedCard(card=card, path=path, chain=[p for p, _, _ in chain], resolved=full, diff=diff)
+    loaded = LoadedCard(card=card, path=path, chain=[p for p, _, _ in chain], resolved=full, diff=diff)
+    check_consistency(card, loaded.where)  # settings that would silently do nothing (labkit.card.consistency)
+    return loaded
 
 
 def _normalise(data: dict[str, Any]) -> dict[str, Any]:
@@ -280,8 +289,8 @@ def _check_paths(card: Card, card_path: Path, chain: list[tuple[Path, yaml.Node 
     """The card with its data and model paths resolved against the folder of the card that sets each (the card itself
     or the parent it inherits the path from), absolute in the resolved card."""
     def setter(loc: tuple[str, ...]) -> tuple[Path, int | None]:
-        for path, node, _ in chain:
-            line = _line_of(node, loc)
+        for path, node, _ in chain:  # the card that writes the key itself (not only its section)
+            line = _line_of(node, loc, exact=True)
             if line is not None:
                 return path, line
         return card_path, None

@@ -134,7 +134,8 @@ class Train(Strict):
     grad_accum: int = Field(default=1, ge=1)
     lr: float = Field(default=2e-4, gt=0)
     scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "cosine"
-    warmup_ratio: float = Field(default=0.05, ge=0, lt=1)
+    warmup_ratio: float = Field(default=0.05, ge=0, lt=1, description="share of the steps the learning rate warms up "
+                                "over; default 0.05, 0 with scheduler constant (which has no warm-up)")
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float = Field(default=1.0, gt=0)
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = Field(
@@ -155,6 +156,14 @@ class Train(Strict):
     early_stopping: EarlyStopping | None = Field(
         default=None, description="stop when the validation loss or a generation metric stops improving; the best "
         "checkpoint is the adapter")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_warmup_when_constant(cls, data: Any) -> Any:
+        """scheduler constant has no warm-up: a card that leaves warmup_ratio out gets 0, not the default 0.05."""
+        if isinstance(data, dict) and data.get("scheduler") == "constant" and "warmup_ratio" not in data:
+            return {**data, "warmup_ratio": 0.0}
+        return data
 
 
 class Rouge(Strict):

@@ -11,6 +11,7 @@ tokens trained on.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +165,42 @@ def preference_manifest(tokenizer: Any, card: Card, splits: dict[str, list[dict[
     return {"field": card.data.fields.rejected or ("base_model" if card.data.rejected else None),
             "trainer": card.train.trainer, "sha256": sha,
             "tokenised_sha256": tokenised, "version": version}
+
+
+def rows_trained(card: Card, rows: int) -> int:
+    """How many training rows the run reads: all of them, or what `train.max_steps` optimiser steps take.
+
+    Args:
+        card: the card (train.max_steps, micro_batch, grad_accum; distributed.num_processes).
+        rows: rows in the training split.
+    Returns:
+        max_steps × micro_batch × grad_accum × processes when that is fewer than `rows`, else `rows` (an epoch-based
+        card reads every row: the trainer sizes its epochs from the split).
+    """
+    t = card.train
+    if t.max_steps is None:
+        return rows
+    return min(rows, t.max_steps * t.micro_batch * t.grad_accum * card.distributed.num_processes)
+
+
+def rows_to_answer(card: Card, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training rows whose rejected answer the base model writes (`data.rejected: {from: base_model}`): the rows
+    the run trains on, `rows_trained` of them drawn in one seeded order (train.seed; a run with more steps takes the
+    same rows and more, so the cached answers serve it), kept in split order; not the whole split.
+
+    Args:
+        card: the card.
+        rows: the training split.
+    Returns:
+        the rows to answer (all of them when the run reads every row).
+    """
+    wanted = rows_trained(card, len(rows))
+    if wanted >= len(rows):
+        return list(rows)
+    order = list(range(len(rows)))
+    random.Random(f"rejected-rows:{card.train.seed}").shuffle(order)  # one order: a longer run's rows include these
+    keep = set(order[:wanted])
+    return [row for i, row in enumerate(rows) if i in keep]
 
 
 def fixed_length_pairs(tokenizer: Any, card: Card, rows: list[dict[str, Any]], seq_len: int, count: int) -> Any:

@@ -30,7 +30,7 @@ from labkit.core.runs import Run
 from labkit.data import leakage
 from labkit.data import sources as D
 from labkit.data.checks import check_references, check_special_tokens, raise_on_failed, run_checks
-from labkit.data.pairs import preference_manifest
+from labkit.data.pairs import preference_manifest, rows_to_answer
 from labkit.data.prompting import encode_example, encode_rows
 from labkit.errors import LeakageError, MissingInput, SplitLocked, UsageError
 
@@ -220,12 +220,17 @@ def _version(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]
 
 def _fill_from_base(card: Card, tokenizer: Any, splits: dict[str, list[dict[str, Any]]],
                     base_answers: BaseAnswers) -> dict[str, Any]:
-    """Set each train and validation row's rejected answer to the base model's answer (cached by the answerer).
+    """Set the rejected answer of each training row the run reads and each validation row to the base model's answer
+    (cached by the answerer); the training split becomes those rows.
 
-    A training row whose base answer already equals its reference teaches no preference: it is left out of training
-    (listed); validation rows are all kept (evaluation reads them).
+    With train.max_steps the run reads max_steps x micro_batch x grad_accum x processes rows, a seeded sample of the
+    split (`labkit.data.pairs.rows_to_answer`): only they are answered, not the whole split. A training row whose
+    base answer already equals its reference teaches no preference: it is left out of training (listed);
+    validation rows are all kept (evaluation reads them). The data version stays that of the whole split.
     """
     version = _version(tokenizer, card, splits)[0]
+    available = len(splits["train"])
+    splits["train"] = rows_to_answer(card, splits["train"])
     got = base_answers({name: splits[name] for name in ("train", "validation")}, version)
     same: list[str] = []
     for name in ("train", "validation"):
@@ -233,8 +238,10 @@ def _fill_from_base(card: Card, tokenizer: Any, splits: dict[str, list[dict[str,
             row["rejected"] = got["answers"][name][row["id"]]
             if name == "train" and row["rejected"].strip() == row["target"].strip():
                 same.append(row["id"])
+    answered = {"train": len(splits["train"]), "validation": len(splits["validation"])}
     splits["train"] = [r for r in splits["train"] if r["id"] not in set(same)]
-    return {"from": "base_model", **got["cache"], "data_version": version, "same_as_reference_left_out": same}
+    return {"from": "base_model", **got["cache"], "data_version": version, "train_rows_in_split": available,
+            "rows_answered": answered, "same_as_reference_left_out": same}
 
 
 def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
@@ -262,6 +269,8 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
     derived, _ = checked_splits(card, tokenizer, base_answers)
     splits, cleaning, leak_report = derived.splits, derived.cleaning, derived.leakage
     version, split_hashes, tokenised = _version(tokenizer, card, splits)  # the chosen answers: see _version
+    if derived.rejected:  # the whole split's version: a preference run trains on the rows its steps read
+        version = derived.rejected["data_version"]
     check_data_version(run, version, card.experiment.protocol_change)  # before anything is written or evaluated
     manifest: DataManifest = {
         "data_version": version,

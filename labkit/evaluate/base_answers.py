@@ -1,7 +1,8 @@
 """Rejected answers from the base model (`data.rejected: {from: base_model}`): preference pairs for DPO / ORPO from
 SFT-style data, without hand labelling.
 
-Each training and validation row's rejected answer is the base model's own greedy answer to the row's prompt, with
+Each row the run trains on (`labkit.data.pairs.rows_to_answer`: with train.max_steps, only the rows its steps
+read) and each validation row gets as rejected answer the base model's own greedy answer to the row's prompt, with
 the evaluation's generation procedure (`labkit.evaluate.generation.generate_answers`: batched, greedy,
 `eval.max_new_tokens`). The answers are generated once and cached in the labkit cache (`rejected/<key>.jsonl`),
 keyed by the model revision, the data version, the prompt format (the card's prompt section and the tokenizer's chat
@@ -11,11 +12,12 @@ template) and the generation settings; a later run with the same key reads the f
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 from labkit.card.schema import Card
-from labkit.core.io import read_jsonl, utc_now, write_json, write_jsonl
+from labkit.core.io import read_json, read_jsonl, utc_now, write_json, write_jsonl
 from labkit.data.sources import sha256_text
 from labkit.evaluate.generation import generate_answers
 from labkit.evaluate.length import size_generation
@@ -47,7 +49,9 @@ def base_model_answers(card: Card, tokenizer: Any, model_revision: str, load_mod
         root: the cache folder (default: the labkit cache's `rejected/`).
     Returns:
         answer(splits, data_version) -> {"answers": {split: {row id: answer}}, "cache": {...}} where cache names the
-        key, the file, and whether this call generated it or reused it.
+        key, the file, whether this call generated the answers, added the rows the cache lacked ("extended") or
+        reused them, the rows it generated, the seconds that took (loading the model included) and the seconds the
+        cached answers took when they were generated.
     """
     folder = root or cache_dir() / "rejected"
 
@@ -60,20 +64,30 @@ def base_model_answers(card: Card, tokenizer: Any, model_revision: str, load_mod
         digest = sha256_text(json.dumps(key, sort_keys=True))[:16]
         path, meta_path = folder / f"{digest}.jsonl", folder / f"{digest}.json"
         wanted = {name: [r["id"] for r in splits[name]] for name in SPLITS}
-        if path.exists() and meta_path.exists():
-            cached: dict[str, dict[str, str]] = {name: {} for name in SPLITS}
+        cached: dict[str, dict[str, str]] = {name: {} for name in SPLITS}
+        meta: dict[str, Any] = read_json(meta_path) if path.exists() and meta_path.exists() else {}
+        if meta:
             for row in read_jsonl(path):
                 cached[row["split"]][row["id"]] = row["rejected"]
-            if all(set(ids) <= set(cached[name]) for name, ids in wanted.items()):
-                return {"answers": cached, "cache": {"key": key, "file": str(path), "status": "reused"}}
+        missing = {name: [r for r in splits[name] if r["id"] not in cached[name]] for name in SPLITS}
+        taken = float(meta.get("seconds", 0.0))  # what generating the cached answers took
+        if not any(missing.values()):
+            return {"answers": cached, "cache": {"key": key, "file": str(path), "status": "reused", "generated_rows": 0,
+                                                 "seconds": 0.0, "cached_seconds": taken}}
+        start = time.perf_counter()
         model = load_model()
-        out: dict[str, dict[str, str]] = {}
-        for name in SPLITS:
-            texts = generate_answers(model, tokenizer, sized, splits[name], desc=f"base model's answers ({name})")
-            out[name] = dict(zip(wanted[name], texts, strict=True))
+        for name in SPLITS:  # only the rows the cache lacks (a longer run of the same data adds its extra rows)
+            if missing[name]:
+                texts = generate_answers(model, tokenizer, sized, missing[name], desc=f"base model's answers ({name})")
+                cached[name].update(zip([r["id"] for r in missing[name]], texts, strict=True))
         del model
-        write_jsonl(path, [{"split": n, "id": i, "rejected": a} for n in SPLITS for i, a in out[n].items()])
-        write_json(meta_path, {"key": key, "rows": {n: len(out[n]) for n in SPLITS}, "generated": utc_now()})
-        return {"answers": out, "cache": {"key": key, "file": str(path), "status": "generated"}}
+        seconds = time.perf_counter() - start
+        generated = sum(len(rows) for rows in missing.values())
+        write_jsonl(path, [{"split": n, "id": i, "rejected": a} for n in SPLITS for i, a in cached[n].items()])
+        write_json(meta_path, {"key": key, "rows": {n: len(cached[n]) for n in SPLITS}, "generated": utc_now(),
+                               "seconds": taken + seconds})
+        return {"answers": cached, "cache": {"key": key, "file": str(path), "status": "generated" if generated == sum(
+            len(ids) for ids in wanted.values()) else "extended", "generated_rows": generated, "seconds": seconds,
+            "cached_seconds": taken}}
 
     return answer

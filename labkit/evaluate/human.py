@@ -4,8 +4,9 @@ Stage 05 offers a few validation examples per category (`ab_items`): the prompt,
 A and B, where a seeded coin decides for each item which is the base model's and the items are shuffled, so the
 rater cannot tell them apart. Each rating is one line of `comparison/human_ratings.jsonl` (`save_rating`) holding
 the choice, which model it favours, the seed and the item's order. `human_verdict` counts the preferences and
-their agreement with the automatic metric (the per-example value behind the primary metric), with Cohen's kappa
-(scikit-learn).
+their agreement with the automatic preference (the per-example score the example tables compare too,
+`labkit.scoring.metrics.score_key`: the category right or not, JSON field accuracy, or ROUGE-L for a text target),
+with Cohen's kappa (scikit-learn's `cohen_kappa_score`).
 """
 
 from __future__ import annotations

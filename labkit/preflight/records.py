@@ -71,6 +71,18 @@ class FitVerdict(TypedDict):
     message: str
 
 
+class RejectedAnswersPlan(TypedDict):
+    """`labkit.preflight.timeplan.rejected_answers_plan`: what the base model's rejected answers cost the run."""
+
+    rows: int
+    train_rows: int
+    train_rows_in_split: int
+    generated_rows: int
+    seconds: float
+    cached_seconds: float
+    status: str
+
+
 class TimePlan(TypedDict):
     """`labkit.preflight.timeplan.time_plan`: the training time predicted from the measured steps."""
 
@@ -86,6 +98,8 @@ class TimePlan(TypedDict):
     within_budget: bool
     train_tokens: int
     packed: bool
+    rejected_answers: RejectedAnswersPlan | None
+    total_seconds: float
 
 
 class UpdateCheck(TypedDict):

@@ -11,7 +11,8 @@ import random
 from typing import Any, Callable
 
 from labkit.card.schema import Card
-from labkit.preflight.records import TimePlan
+from labkit.core.progress import fmt_seconds
+from labkit.preflight.records import RejectedAnswersPlan, TimePlan
 from labkit.train.packing import pack
 
 
@@ -50,8 +51,44 @@ def _micro_seconds(measured: list[dict[str, Any]]) -> Callable[[float], float]:
     return lambda length: max(s0 + slope * (length - l0), s0 * length / l0 * 0.5)
 
 
+def rejected_answers_plan(block: dict[str, Any] | None) -> RejectedAnswersPlan | None:
+    """What the base model's rejected answers (`data.rejected: {from: base_model}`) cost this run, from the data
+    manifest's `preference.from_base_model` block: stage 01 generates them before stage 03 runs, so this is what
+    their generation took (nothing when the cache held them all; the seconds the cached ones took are kept).
+
+    Args:
+        block: the manifest's block (`labkit.data.prepare`), or None for a card without base-model answers.
+    Returns:
+        {"rows" (answered: training + validation), "train_rows", "train_rows_in_split", "generated_rows",
+         "seconds" (this run's generation, model loading included), "cached_seconds", "status"}, or None.
+    """
+    if not block:
+        return None
+    answered = block.get("rows_answered") or {}
+    rows = sum(answered.values())
+    return {"rows": rows, "train_rows": answered.get("train", 0),
+            "train_rows_in_split": block.get("train_rows_in_split", answered.get("train", 0)),
+            "generated_rows": block.get("generated_rows", rows if block.get("status") == "generated" else 0),
+            "seconds": float(block.get("seconds") or 0.0), "cached_seconds": float(block.get("cached_seconds") or 0.0),
+            "status": block.get("status", "generated")}
+
+
+def rejected_text(plan: TimePlan) -> str:
+    """The time plan's line on the base model's rejected answers ("" for a card without them)."""
+    found = plan.get("rejected_answers")
+    if not found:
+        return ""
+    rows = (f"{found['rows']} rows ({found['train_rows']} of the {found['train_rows_in_split']} training rows: those "
+            f"the run trains on, and the validation rows)")
+    if found["status"] == "reused":
+        return (f"  \n**Rejected answers:** the base model's answers to {rows} came from the cache: 0:00 in this run "
+                f"({fmt_seconds(found['cached_seconds'])} (m:ss) when they were generated).")
+    return (f"  \n**Rejected answers:** the base model answered {found['generated_rows']} of {rows} in stage 01: "
+            f"**{fmt_seconds(found['seconds'])}** (m:ss) before training, not in the training time above.")
+
+
 def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int],
-              measured: list[dict[str, Any]]) -> TimePlan:
+              measured: list[dict[str, Any]], rejected: dict[str, Any] | None = None) -> TimePlan:
     """Training time predicted from the measured steps: the trainer's batches replayed, evaluation passes included.
 
     The rows the trainer batches (packed rows when train.packing) are shuffled as one epoch would be, cut into
@@ -68,10 +105,12 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
         validation_lengths: tokens of each validation example.
         measured: stage 03's measurements (`labkit.preflight.measure.measure_step`), each with seq_len,
             seconds_per_step and grad_accum.
+        rejected: the data manifest's `preference.from_base_model` block (base-model rejected answers), if any.
     Returns:
         {"steps", "rows_per_epoch", "examples_per_step", "seconds_per_step", "train_seconds" (training + evaluation:
          what the trainer's train_runtime measures), "evaluations", "evaluation_seconds", "hours", "cost",
-         "within_budget", "train_tokens" (tokens per epoch), "packed"}.
+         "within_budget", "train_tokens" (tokens per epoch), "packed", "rejected_answers"
+         (`rejected_answers_plan`), "total_seconds" (train_seconds + the rejected answers' generation)}.
     """
     t = card.train
     per_micro = _micro_seconds(measured)
@@ -113,4 +152,5 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
             "evaluation_seconds": evaluations * one_pass, "hours": hours,
             "cost": hours * card.budget.price_per_gpu_hour * card.distributed.num_processes,
             "within_budget": total <= card.budget.max_minutes * 60, "train_tokens": sum(train_lengths),
-            "packed": card.train.packing}
+            "packed": card.train.packing, "rejected_answers": (found := rejected_answers_plan(rejected)),
+            "total_seconds": total + (found["seconds"] if found else 0.0)}

@@ -27,7 +27,7 @@ from labkit.preflight.records import AccumulationCheck, CheckpointingCheck, FitV
 from labkit.preflight.records import UpdateCheck
 from labkit.preflight.shared import SharedModel
 from labkit.preflight.sizing import fit_verdict
-from labkit.preflight.timeplan import packed_lengths, representative_lengths, time_plan
+from labkit.preflight.timeplan import packed_lengths, rejected_text, representative_lengths, time_plan
 from labkit.show import plots
 from labkit.stages import records
 from labkit.stages.context import Stage
@@ -199,7 +199,8 @@ def fit(stage: Stage, checks: Checks) -> Fit:
     assert checks.memory is not None, "measure_memory first"
     verdict = fit_verdict(stage.model_config, stage.card, checks.lengths["max"], free_device_memory(stage.device),
                           stage.device, loss_fraction=checks.loss_fraction)
-    plan = time_plan(stage.card, checks.train_lengths, checks.validation_lengths, checks.memory["measured"])
+    plan = time_plan(stage.card, checks.train_lengths, checks.validation_lengths, checks.memory["measured"],
+                     rejected=stage.prepare_data().get("preference", {}).get("from_base_model"))
     checks.fit = {"verdict": verdict, "plan": plan}
     stage.save_json(FIT_FILE, checks.fit)
     return checks.fit
@@ -213,7 +214,7 @@ def plan_text(card: Card, fitted: Fit) -> str:
             f"{plan['examples_per_step']:.1f} examples ({rows}) × {fmt_seconds(plan['seconds_per_step'])} + "
             f"{plan['evaluations']} validation passes ≈ **{fmt_seconds(plan['train_seconds'])}** (m:ss), "
             f"{plan['cost']:.2f} at the card's price per GPU hour ({'within' if plan['within_budget'] else 'OVER'} "
-            f"the {card.budget.max_minutes:g}-minute budget).")
+            f"the {card.budget.max_minutes:g}-minute budget).{rejected_text(plan)}")
 
 
 def accumulation(stage: Stage, checks: Checks) -> AccumulationCheck:
