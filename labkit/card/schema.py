@@ -37,7 +37,8 @@ class Model(Strict):
     trust_remote_code: bool = False
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
         default="auto", description="auto: sdpa; with train.packing on a GPU, flash_attention_2 (padding-free) where "
-        "flash-attn is installed and the GPU supports it, else flex_attention (document mask built on the GPU)")
+        "flash-attn is installed and the GPU supports it, else flex_attention on compute capability >= 8.0, else sdpa with "
+        "a block mask; Phi computing in float16 gets eager attention with float32 scores (labkit.model.placement)")
 
 
 class Full(Strict):
