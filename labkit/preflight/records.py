@@ -102,12 +102,27 @@ class TimePlan(TypedDict):
     total_seconds: float
 
 
+class StepRun(TypedDict):
+    """One optimiser step of a check (`labkit.preflight.arms.StepRecord`): taken, or skipped by the fp16 loss scaler."""
+
+    step: int
+    skipped: bool
+    loss: float | None
+    scale: float | None  # the fp16 loss scaler's scale at this step (None: no scaler)
+    nonfinite_gradients: int  # tensors whose (unscaled) gradients hold inf/NaN
+    first_nonfinite: str | None
+
+
 class UpdateCheck(TypedDict):
     """`labkit.preflight.stepchecks.update_check`: which tensors real optimiser steps changed."""
 
     ok: bool
     problems: list[str]
-    steps: int
+    nonfinite: list[str]  # non-finite losses / gradients of steps taken, one line each (also in problems)
+    steps: int  # optimiser steps really taken
+    skipped_steps: list[int]  # trainer steps the fp16 loss scaler skipped (inf/NaN gradients at its scale)
+    trainer_steps: int  # trainer steps run, skipped ones included
+    step_log: list[StepRun]
     expected: int
     trainable: int
     changed: int
@@ -121,10 +136,20 @@ class UpdateCheck(TypedDict):
 
 
 class AccumulationCheck(TypedDict):
-    """`labkit.preflight.stepchecks.accumulation_check`: micro-batch m × accumulation k against one batch of m·k."""
+    """`labkit.preflight.comparisons.accumulation_check`: micro-batch m × accumulation k against one batch of m·k.
+
+    `skipped`: why the check was not measured ("not measurable on this device: needs X GiB of Y GiB (…)", an
+    out-of-memory error, or a result that would be ignored); a skipped check is `ok` and fails nothing.
+    """
 
     ok: bool
-    relative_difference: float
+    skipped: str | None
+    problems: list[str]
+    nonfinite: list[str]
+    needed_bytes: dict[str, float | None]  # each arm's estimated memory ("whole", "accumulated"); None: not costed
+    free_bytes: float | None
+    skipped_steps: dict[str, list[int]]  # per arm, the steps the fp16 loss scaler skipped
+    relative_difference: float | None
     tolerance: float
     worst_tensor: str
     note: str | None
@@ -133,24 +158,32 @@ class AccumulationCheck(TypedDict):
     micro_batch: int
     accum: int
     tokens_per_micro_batch: list[int]
-    loss_whole: float
-    loss_accumulated: float
+    loss_whole: float | None
+    loss_accumulated: float | None
 
 
 class CheckpointingCheck(TypedDict):
-    """`labkit.preflight.stepchecks.checkpointing_check`: the same loss and gradients with checkpointing, less memory."""
+    """`labkit.preflight.comparisons.checkpointing_check`: the same loss and gradients with checkpointing, less memory.
+
+    `skipped`: as for `AccumulationCheck` (arms "plain", "checkpointed").
+    """
 
     ok: bool
+    skipped: str | None
     problems: list[str]
+    nonfinite: list[str]
+    needed_bytes: dict[str, float | None]
+    free_bytes: float | None
+    skipped_steps: dict[str, list[int]]
     seq_len: int
     micro_batch: int
     memory_saving_expected_bytes: float | None
     memory_judged: bool
-    loss_plain: float
-    loss_checkpointed: float
-    relative_difference: float
+    loss_plain: float | None
+    loss_checkpointed: float | None
+    relative_difference: float | None
     worst_tensor: str
     tolerance: float
-    memory_plain_bytes: int
-    memory_checkpointed_bytes: int
+    memory_plain_bytes: int | None
+    memory_checkpointed_bytes: int | None
     memory_method: str

@@ -141,6 +141,32 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
     return {**out, "fits": False, "spare_bytes": free_bytes - needed, "options": options, "message": message}
 
 
+def arm_bytes(config: Any, card: Card, seq_len: int, micro_batch: int, checkpointing: bool | None,
+              device: str | DeviceProfile, loss_fraction: float = 1.0) -> float | None:
+    """The memory one arm of a stage-03 step check needs on `device`: its step's estimated peak (weights included, as
+    `labkit.preflight.measure.free_device_memory` counts the loaded model as free), with the allocator's
+    fragmentation on a GPU; paged optimiser states may page out.
+
+    Args:
+        config, card, seq_len, device, loss_fraction: as for `labkit.preflight.memory.estimate_step`.
+        micro_batch: the arm's batch (e.g. m·k rows for the accumulation check's whole batch).
+        checkpointing: activation checkpointing in the arm (None: the card's).
+    Returns:
+        bytes, or None when the estimate does not model the architecture (the arm then runs unsized).
+    """
+    est = estimate_step(config, card, seq_len, micro_batch=micro_batch, device=device, checkpointing=checkpointing,
+                        loss_fraction=loss_fraction)
+    if not est["modelled"]:
+        return None
+    fragmentation = FRAGMENTATION * est["step_bytes"] if _kind(device) == "cuda" else 0.0
+    return est["peak_bytes"] + fragmentation - paged_bytes(est)
+
+
+def not_measurable(needed_bytes: float, free_bytes: float, what: str) -> str:
+    """The reason an arm is skipped: "not measurable on this device: needs X GiB of Y GiB (what)"."""
+    return f"not measurable on this device: needs {needed_bytes / GIB:.2f} GiB of {free_bytes / GIB:.2f} GiB ({what})"
+
+
 def estimate_config(card: Card, card_path: Path, config_path: str | None = None) -> Any:
     """The base model's transformers config, offline and without weights.
 

@@ -1,33 +1,28 @@
 """Checks on real training steps of the stage-04 trainer, run in stage 03 before the long run.
 
-- `update_check`: which tensors an update changes, against the set the card's method should train.
-- `accumulation_check`: micro-batch m × accumulation k gives the gradients of one batch of m·k.
-- `checkpointing_check`: activation checkpointing gives the same loss and gradients, with less memory.
+- `update_check`: which tensors an update changes, against the set the card's method should train (fp16-aware:
+  the steps the loss scaler skips are named and not counted, `labkit.preflight.arms.StepRecord`).
+- `accumulation_check`, `checkpointing_check` (`labkit.preflight.comparisons`): micro-batch m × accumulation k
+  gives the gradients of one batch of m·k; activation checkpointing gives the same loss and gradients, with less
+  memory — each arm sized before it runs.
 """
 
 from __future__ import annotations
 
-import math
-import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import datasets
 import torch
 
 from labkit.card.schema import Card
-from labkit.data.pairs import to_dataset as pair_dataset
-from labkit.model.loading import pick_dtype
 from labkit.model.method import kind_of
-from labkit.preflight.measure import PeakMemory, fixed_length_dataset
-from labkit.preflight.memory import estimate_step
-from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, AccumulationCheck, CheckpointingCheck
+from labkit.preflight.arms import StepRecord
+from labkit.preflight.comparisons import accumulation_check, checkpointing_check
 from labkit.preflight.records import UpdateCheck
-from labkit.train.callbacks import Snapshots
-from labkit.train.packing import pack
-from labkit.train.trainer import build_trainer, to_dataset
+
+__all__ = ["accumulation_check", "checkpointing_check", "checksum", "expected_trainable", "first_step_movers",
+           "summary_by_kind", "update_check"]
 
 
 def expected_trainable(model: Any, card: Card) -> set[str]:
@@ -80,17 +75,23 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
     """Run real optimiser steps and report, for every tensor, whether it changed.
 
     Passes only when (1) the trainable tensors are exactly the ones the method should train, (2) after
-    the first step exactly the first-step movers changed (LoRA: B, not A), (3) after the last step
-    every expected tensor changed, and (4) every other tensor, 4-bit weights included, is bit-for-bit
-    unchanged. Only the trainable (and expected) tensors are copied; the frozen ones are compared by `checksum`,
-    computed on the device, so the check needs no second copy of the base model.
+    the first step taken exactly the first-step movers changed (LoRA: B, not A), (3) after the last step
+    every expected tensor changed, (4) every other tensor, 4-bit weights included, is bit-for-bit
+    unchanged, and (5) every loss, and the gradients of every step taken, are finite. Only the trainable (and
+    expected) tensors are copied; the frozen ones are compared by `checksum`, computed on the device, so the check
+    needs no second copy of the base model.
+
+    Steps the fp16 loss scaler skips (inf/NaN gradients at its scale, `labkit.preflight.arms.StepRecord`) are named
+    in `skipped_steps` and not counted: the check stops after `steps` steps really taken, so a trainer built with
+    `max_steps = steps + arms.SCALER_SKIPS` leaves the scaler room.
 
     Args:
-        trainer: a trainer from `labkit.train.trainer.build_trainer` with max_steps=steps and a constant lr.
+        trainer: a trainer from `labkit.train.trainer.build_trainer` with max_steps >= steps and a constant lr.
         card: the card (method, weight decay).
-        steps: optimiser steps to run (2 shows the LoRA first-step case and the full update).
+        steps: optimiser steps to take (2 shows the LoRA first-step case and the full update).
     Returns:
-        {"ok", "problems", "steps", "expected", "trainable", "changed", "tensors": [...], "seconds_per_step", …}.
+        {"ok", "problems", "nonfinite", "steps" (taken), "skipped_steps", "trainer_steps", "step_log", "expected",
+         "trainable", "changed", "tensors": [...], "seconds_per_step", …}.
     """
     model = trainer.model
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
@@ -98,12 +99,11 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
     copied = trainable | expected
     before = {n: p.detach().clone() for n, p in model.named_parameters() if n in copied}
     sums = {n: checksum(p) for n, p in model.named_parameters() if n not in copied}
-    snaps = Snapshots()
-    trainer.add_callback(snaps)
+    record = StepRecord(trainer, steps, keep_first=True)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    first = {n for n, t in (snaps.after_step[0].items() if snaps.after_step else []) if not torch.equal(before[n], t)}
+    first = {n for n, t in (record.first or {}).items() if not torch.equal(before[n], t)}
     tensors, changed = [], set()
     for name, param in model.named_parameters():
         after = param.detach()
@@ -114,16 +114,17 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
         tensors.append({"name": name, "expected": name in expected, "trainable": name in trainable, "changed": moved,
                         "changed_step_1": name in first, "delta_norm": delta, "shape": list(after.shape),
                         "dtype": str(after.dtype).replace("torch.", "")})
-    done = trainer.state.global_step
+    done = record.taken
     movers = first_step_movers(expected, card)
-    problems = []
+    nonfinite = record.nonfinite()
+    problems = list(nonfinite)
     if not expected:
         problems.append("the method trains nothing (no adapter was created): check method.target_modules")
     if frozen := sorted(expected - trainable):
         problems.append(f"{len(frozen)} tensors the method should train are frozen (requires_grad=False), e.g. {frozen[0]}")
     if extra := sorted(trainable - expected):
         problems.append(f"{len(extra)} tensors are trainable but not part of the method, e.g. {extra[0]}")
-    if snaps.after_step and first != movers:
+    if record.first is not None and first != movers:
         odd = sorted(first ^ movers)
         problems.append(f"after step 1, {len(odd)} tensors differ from the expected first-step movers, e.g. {odd[0]}")
     final = expected if done >= 2 or card.method.kind == "full" else movers
@@ -131,168 +132,15 @@ def update_check(trainer: Any, card: Card, steps: int = 2) -> UpdateCheck:
         problems.append(f"{len(missing)} tensors that should train did not change, e.g. {missing[0]}")
     if leaked := sorted(changed - expected):
         problems.append(f"{len(leaked)} tensors that must stay frozen changed, e.g. {leaked[0]}")
+    ran = len(record.steps_run) or trainer.state.global_step
     return {
-        "ok": not problems, "problems": problems, "steps": done, "expected": len(expected), "trainable": len(trainable),
+        "ok": not problems, "problems": problems, "nonfinite": nonfinite, "steps": done,
+        "skipped_steps": record.skipped, "trainer_steps": ran, "step_log": record.steps_run,
+        "expected": len(expected), "trainable": len(trainable),
         "changed": len(changed), "changed_step_1": len(first), "first_step_movers": len(movers),
         "unchanged_expected": sorted(final - changed), "changed_frozen": sorted(changed - expected),
-        "tensors": tensors, "seconds": seconds, "seconds_per_step": seconds / max(done, 1),
+        "tensors": tensors, "seconds": seconds, "seconds_per_step": seconds / max(ran, 1),
     }
-
-
-def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
-                        encoded: list[Any] | None = None) -> tuple[Any, list[int]]:
-    """The trainer's dataset of `rows` and, per row, the tokens its loss term averages over.
-
-    sft: the completion tokens; orpo: prompt + chosen (its NLL term is a token mean); dpo: the answer tokens of
-    both sequences (the DPO loss is a mean over pairs, so unequal counts must not matter).
-    """
-    if card.train.trainer == "sft":
-        data = to_dataset(tokenizer, card, rows) if encoded is None else _from_encoded(card, encoded)
-        return data, [sum(x != -100 for x in labels) for labels in data["labels"]]
-
-    data = pair_dataset(tokenizer, card, rows)
-    sides = ("prompt_ids", "chosen_ids") if card.train.trainer == "orpo" else ("chosen_ids", "rejected_ids")
-    return data, [len(a) + len(b) for a, b in zip(data[sides[0]], data[sides[1]])]
-
-
-def _one_update(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any, device: str,
-                measure: bool = False, **overrides: Any) -> dict[str, Any]:
-    """Gradients (before the optimiser) and loss of one optimiser step of the stage-04 trainer."""
-    model = make_model()
-    snaps = Snapshots(keep_grads=True)
-    trainer = build_trainer(card, model, tokenizer, data, Path(tempfile.mkdtemp(prefix="labkit-check-")), device=device,
-                            max_steps=1, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, max_grad_norm=0.0,
-                            train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
-    trainer.add_callback(snaps)
-    with PeakMemory(device) as peak:
-        trainer.train()
-    loss = next(e["loss"] for e in trainer.state.log_history if "loss" in e)
-    return {"grads": snaps.grads[-1], "loss": float(loss), "memory": peak.as_dict() if measure else None}
-
-
-def _grad_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str]:
-    """Relative L2 difference of two gradient sets, and the tensor where it is largest."""
-    num = den = 0.0
-    worst, worst_name = -1.0, ""
-    for name, ga in a.items():
-        diff = (ga - b[name]).norm().item()
-        num, den = num + diff**2, den + ga.norm().item() ** 2
-        rel = diff / (ga.norm().item() + 1e-12)
-        if rel > worst:
-            worst, worst_name = rel, name
-    return math.sqrt(num) / (math.sqrt(den) + 1e-12), worst_name
-
-
-def _tolerance(device: str, card: Card) -> float:
-    return 1e-4 if str(pick_dtype(card, device)) == "torch.float32" else 2e-2
-
-
-def _from_encoded(card: Card, encoded: list[Any]) -> Any:
-    """`to_dataset` of rows already encoded (`labkit.data.prompting.encode_rows`)."""
-    examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encoded]
-    return datasets.Dataset.from_list(pack(examples, card.data.max_length) if card.train.packing else examples)
-
-
-def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                       device: str = "cpu", micro_batch: int | None = None, accum: int | None = None,
-                       encoded: list[Any] | None = None) -> AccumulationCheck:
-    """Micro-batch m × accumulation k must give the gradients of one batch of m·k rows.
-
-    The rows are ordered by length, so the micro-batches hold different numbers of completion tokens:
-    exactly the case where averaging each micro-batch's mean (instead of normalising over all tokens)
-    gives different gradients.
-
-    For dpo/orpo cards the rows are preference pairs trained by TRL's DPO/ORPO trainer (ordered by the tokens
-    their loss averages over, `_dataset_and_tokens`).
-
-    Args:
-        card: the card (train.loss_normalisation decides how the SFT trainer normalises).
-        make_model: returns the model with the method applied at its initial weights (a fresh load each call, or
-            `labkit.preflight.shared.SharedModel`, which restores them).
-        tokenizer: the tokenizer.
-        rows: prepared training rows (at least m·k).
-        device: the device.
-        micro_batch: m (default: the card's micro-batch).
-        accum: k (default: the card's accumulation, at least 2).
-        encoded: the rows encoded once (sft), when already computed.
-    Returns:
-        {"ok", "relative_difference", "tolerance", "worst_tensor", "loss_normalisation", "micro_batch", "accum", …}.
-    """
-    m = micro_batch or card.train.micro_batch
-    k = accum or max(card.train.grad_accum, 2)
-    if len(rows) < m * k:
-        raise ValueError(f"accumulation_check needs {m * k} training rows, got {len(rows)}")
-    data, counts = _dataset_and_tokens(tokenizer, card, rows, encoded)
-    order = sorted(range(len(data)), key=counts.__getitem__)
-    picked = order[: m * (k - 1)] + order[-m:]  # short completions first, the longest last: unequal token counts
-    data = data.select(picked)
-    tokens = [sum(counts[j] for j in picked[s: s + m]) for s in range(0, m * k, m)]
-    whole = _one_update(card, make_model, tokenizer, data, device, per_device_train_batch_size=m * k, gradient_accumulation_steps=1)
-    accumulated = _one_update(card, make_model, tokenizer, data, device, per_device_train_batch_size=m, gradient_accumulation_steps=k)
-    rel, worst = _grad_difference(whole["grads"], accumulated["grads"])
-    tol = _tolerance(device, card)
-    note = None
-    if card.train.trainer == "orpo":  # validation keeps orpo cards at grad_accum 1: the bias is shown, never trained with
-        note = ("TRL's ORPOTrainer averages its NLL term over each micro-batch's tokens, so accumulation differs from one "
-                "large batch; orpo cards train without accumulation (train.grad_accum: 1), which this does not affect")
-    return {"ok": rel <= tol or note is not None, "relative_difference": rel, "tolerance": tol, "worst_tensor": worst,
-            "note": note, "trainer": card.train.trainer,
-            "loss_normalisation": card.train.loss_normalisation, "micro_batch": m, "accum": k,
-            "tokens_per_micro_batch": tokens, "loss_whole": whole["loss"], "loss_accumulated": accumulated["loss"]}
-
-
-# The smallest memory saving the CPU measurement (peak resident memory) resolves; CUDA's allocator counts bytes.
-CPU_RESOLUTION_BYTES = 8 * 2**20
-
-
-def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                        seq_len: int, device: str = "cpu", config: Any = None,
-                        encoded: list[Any] | None = None) -> CheckpointingCheck:
-    """Activation checkpointing must give the same loss and gradients, and use less memory.
-
-    The memory is judged when the saving the estimate expects is one the measurement can resolve (always
-    without `config`): a tiny model at a short length saves less than the CPU measurement's noise.
-
-    Args:
-        card: the card.
-        make_model: returns the model with the method applied at its initial weights (or a `SharedModel`).
-        tokenizer: the tokenizer.
-        rows: prepared training rows.
-        seq_len: tokens per example (e.g. the p95 of the training lengths).
-        device: the device.
-        config: the model's config, for the expected saving (`labkit.preflight.memory.estimate_step`).
-        encoded: the rows encoded once (`labkit.data.prompting.encode_rows`), when already computed.
-    Returns:
-        {"ok", "loss_plain", "loss_checkpointed", "relative_difference", "memory_plain_bytes", "memory_checkpointed_bytes",
-         "memory_saving_expected_bytes", "memory_judged", …}.
-    """
-    data = fixed_length_dataset(tokenizer, card, rows, seq_len, card.train.micro_batch, encoded=encoded)
-    common = {"per_device_train_batch_size": card.train.micro_batch, "gradient_accumulation_steps": 1}
-    plain = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=False, **common)
-    ckpt = _one_update(card, make_model, tokenizer, data, device, measure=True, activation_checkpointing=True, **common)
-    rel, worst = _grad_difference(plain["grads"], ckpt["grads"])
-    tol = _tolerance(device, card)
-    loss_rel = abs(plain["loss"] - ckpt["loss"]) / max(abs(plain["loss"]), 1e-12)
-    mem_plain, mem_ckpt = plain["memory"]["delta_bytes"], ckpt["memory"]["delta_bytes"]
-    problems = []
-    if loss_rel > tol:
-        problems.append(f"loss differs by {loss_rel:.2e} (relative)")
-    if rel > tol:
-        problems.append(f"gradients differ by {rel:.2e} (relative), most in {worst}")
-    expected, modelled = None, True
-    if config is not None:
-        est = estimate_step(config, card, seq_len, device=device)
-        modelled = est["modelled"]  # an architecture the estimate does not model: no expected saving to judge by
-        expected = (est["alternatives"][ACTIVATIONS_PLAIN] - est["alternatives"][ACTIVATIONS_CHECKPOINTED]
-                    if modelled else None)
-    judged = modelled and (expected is None or expected >= (CPU_RESOLUTION_BYTES if device == "cpu" else 1))
-    if judged and mem_ckpt >= mem_plain:
-        problems.append(f"checkpointing did not lower the step's memory ({mem_ckpt / 2**20:.0f} MiB vs {mem_plain / 2**20:.0f} MiB)")
-    return {"ok": not problems, "problems": problems, "seq_len": seq_len, "micro_batch": card.train.micro_batch,
-            "memory_saving_expected_bytes": expected, "memory_judged": judged,
-            "loss_plain": plain["loss"], "loss_checkpointed": ckpt["loss"], "relative_difference": rel,
-            "worst_tensor": worst, "tolerance": tol, "memory_plain_bytes": mem_plain, "memory_checkpointed_bytes": mem_ckpt,
-            "memory_method": plain["memory"]["method"]}
 
 
 def summary_by_kind(update: UpdateCheck) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from labkit.data.prompting import IGNORE, encode_rows
 from labkit.errors import StageFailed
 from labkit.model import method
 from labkit.preflight import stepchecks
+from labkit.preflight.arms import SCALER_SKIPS
 from labkit.preflight.measure import free_device_memory
 from labkit.preflight.memory import estimate_generation, estimate_step
 from labkit.preflight.memory_check import MemoryReport, measure_lengths
@@ -38,7 +39,7 @@ MATCHED_FILE, PARAMETERS_FILE, UPDATE_FILE = records.MATCHED_MODULES, records.PA
 MEMORY_FILE, MEMORY_PLOT, FIT_FILE = records.MEMORY, records.MEMORY_PLOT, records.FIT
 ACCUMULATION_FILE, CHECKPOINTING_FILE = records.ACCUMULATION_CHECK, records.CHECKPOINTING_CHECK
 SUMMARY_KEYS = ("method", "trainable", "total", "update_ok", "seconds_per_step", "estimate_error", "peak_gib", "fits",
-                "check_seconds")
+                "check_seconds", "skipped")
 
 
 class Summary(TypedDict):
@@ -53,6 +54,7 @@ class Summary(TypedDict):
     peak_gib: list[float]
     fits: str
     check_seconds: dict[str, float]
+    skipped: dict[str, str]  # check file stem -> why it was not measured (`skipped_checks`)
 
 
 class Fit(TypedDict):
@@ -142,13 +144,17 @@ def parameters(stage: Stage, checks: Checks) -> list[dict[str, Any]]:
 
 
 def update(stage: Stage, checks: Checks) -> UpdateCheck:
-    """Two optimiser steps of the stage-04 trainer on real training batches: what changed (`UPDATE_FILE`)."""
+    """Two optimiser steps of the stage-04 trainer on real training batches: what changed (`UPDATE_FILE`).
+
+    Up to `labkit.preflight.arms.SCALER_SKIPS` more trainer steps leave room for the steps an fp16 loss scaler
+    skips (named in the record, not counted).
+    """
     card = stage.card
     with _Timed(checks, "update_check"):
         rows = checks.train_rows[: card.train.micro_batch * card.train.grad_accum * 2]
         trainer = build_trainer(card, checks.model(), stage.tokenizer, rows, Path(tempfile.mkdtemp(prefix="labkit-check-")),
-                                device=stage.device, max_steps=2, lr_scheduler_type="constant", warmup_steps=0,
-                                logging_steps=1)
+                                device=stage.device, max_steps=2 + SCALER_SKIPS, lr_scheduler_type="constant",
+                                warmup_steps=0, logging_steps=1)
         checks.update = stepchecks.update_check(trainer, card, steps=2)
         del trainer
     stage.save_json(UPDATE_FILE, checks.update)
@@ -217,38 +223,64 @@ def plan_text(card: Card, fitted: Fit) -> str:
             f"the {card.budget.max_minutes:g}-minute budget).{rejected_text(plan)}")
 
 
-def accumulation(stage: Stage, checks: Checks) -> AccumulationCheck:
-    """Micro-batch m × accumulation k against one batch of m·k, both from the same weights (`ACCUMULATION_FILE`)."""
+def accumulation(stage: Stage, checks: Checks, free_bytes: float | None = None) -> AccumulationCheck:
+    """Micro-batch m × accumulation k against one batch of m·k, both from the same weights (`ACCUMULATION_FILE`).
+
+    Each arm is costed by the estimate against the free memory first; an arm that would not fit or runs out of
+    memory, and an ORPO card's check (its result is ignored), is recorded `skipped` with the reason, not run.
+
+    Args:
+        stage: stage 03's context.
+        checks: the shared state.
+        free_bytes: the memory free for the arms (default: `labkit.preflight.measure.free_device_memory`).
+    """
     with _Timed(checks, "accumulation_check"):
-        checks.accumulation = stepchecks.accumulation_check(stage.card, checks.model, stage.tokenizer, checks.train_rows,
-                                                            stage.device, encoded=checks.encoded)
+        free = free_device_memory(stage.device) if free_bytes is None else free_bytes
+        checks.accumulation = stepchecks.accumulation_check(
+            stage.card, checks.model, stage.tokenizer, checks.train_rows, stage.device, encoded=checks.encoded,
+            config=stage.model_config, free_bytes=free, loss_fraction=checks.loss_fraction, skip_ignored=True)
     stage.save_json(ACCUMULATION_FILE, checks.accumulation)
     return checks.accumulation
 
 
-def checkpointing(stage: Stage, checks: Checks) -> CheckpointingCheck:
-    """The same batch (p95 length) with and without activation checkpointing (`CHECKPOINTING_FILE`)."""
+def checkpointing(stage: Stage, checks: Checks, free_bytes: float | None = None) -> CheckpointingCheck:
+    """The same batch (p95 length) with and without activation checkpointing (`CHECKPOINTING_FILE`).
+
+    Each arm (the one without checkpointing is larger than training) is costed first, as in `accumulation`.
+    """
     with _Timed(checks, "checkpointing_check"):
+        free = free_device_memory(stage.device) if free_bytes is None else free_bytes
         checks.checkpointing = stepchecks.checkpointing_check(
             stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.lengths["p95"], stage.device,
-            config=stage.model_config, encoded=checks.encoded)
+            config=stage.model_config, encoded=checks.encoded, free_bytes=free, loss_fraction=checks.loss_fraction)
     checks.model.restore()  # the model leaves the checks as it was loaded
     stage.save_json(CHECKPOINTING_FILE, checks.checkpointing)
     return checks.checkpointing
 
 
+def skipped_checks(checks: Checks) -> dict[str, str]:
+    """The comparison checks that were not measured, by file stem, with the reason (they fail nothing)."""
+    return {name: rec["skipped"] for name, rec in (("accumulation_check", checks.accumulation),
+                                                   ("checkpointing_check", checks.checkpointing))
+            if rec is not None and rec.get("skipped")}
+
+
 def failures(checks: Checks) -> list[str]:
-    """What stops the run here: a failed update, accumulation or checkpointing check, or a step that does not fit."""
+    """What stops the run here: a failed update, accumulation or checkpointing check (a non-finite loss or gradient
+    included), or a step that does not fit. A check not measurable on this device (`skipped_checks`) is not one."""
     assert checks.update and checks.accumulation and checks.checkpointing and checks.fit, "run every check first"
-    acc, verdict = checks.accumulation, checks.fit["verdict"]
+    acc, ckpt, verdict = checks.accumulation, checks.checkpointing, checks.fit["verdict"]
     out = [f"update check: {p}" for p in checks.update["problems"]]
-    if not acc["ok"]:
+    if not acc.get("skipped"):
+        out += [f"gradient accumulation: {p}" for p in acc.get("nonfinite", [])]
+    if not acc["ok"] and not acc.get("skipped") and not acc.get("nonfinite"):
         fix = ("set train.loss_normalisation: tokens" if acc.get("trainer", "sft") == "sft" else
                f"TRL's {acc['trainer']} loss should not depend on how a batch is split: report it")
         out.append(f"gradient accumulation ({acc['loss_normalisation']} normalisation): gradients differ "
                    f"by {acc['relative_difference']:.2e} from one batch of {acc['micro_batch'] * acc['accum']} "
                    f"(tolerance {acc['tolerance']:.0e}); {fix}")
-    out += [f"activation checkpointing: {p}" for p in checks.checkpointing["problems"]]
+    if not ckpt.get("skipped"):
+        out += [f"activation checkpointing: {p}" for p in ckpt["problems"]]
     if not verdict["fits"]:
         out.append(f"memory: {verdict['message']}")
     return out
@@ -259,7 +291,7 @@ def decide(stage: Stage, checks: Checks) -> Summary:
 
     Returns:
         the summary written to parameter_check/summary.json (the keys `labkit plan`, the run metrics and the MLflow
-        mirror read).
+        mirror read; "skipped": the checks not measurable on this device, with why).
     Raises:
         StageFailed: a check failed (the message lists every failure).
     """
@@ -272,12 +304,18 @@ def decide(stage: Stage, checks: Checks) -> Summary:
                       update_ok=checks.update["ok"], seconds_per_step=checks.fit["plan"]["seconds_per_step"],
                       estimate_error=[r["step_error"] for r in comparison],
                       peak_gib=[r["peak_gib_measured"] for r in comparison], fits=checks.fit["verdict"]["message"],
-                      check_seconds=dict(checks.seconds))
+                      check_seconds=dict(checks.seconds), skipped=skipped_checks(checks))
 
 
 def decision_text(checks: Checks) -> str:
-    """The decision in one line."""
+    """The decision in one line (the checks not measured, and the steps an fp16 loss scaler skipped, named)."""
     assert checks.update is not None and checks.fit is not None
-    return (f"Exactly the {checks.update['expected']} expected tensors change; accumulation and checkpointing agree; "
+    update, skipped = checks.update, skipped_checks(checks)
+    scaler = (f" (after {len(update['skipped_steps'])} steps skipped by the fp16 loss scaler)"
+              if update.get("skipped_steps") else "")
+    measured = [n for n in ("accumulation", "checkpointing") if f"{n}_check" not in skipped]
+    agree = (f"{' and '.join(measured)} agree{'s' if len(measured) == 1 else ''}; " if measured else "")
+    missing = "".join(f"{n.replace('_check', '')} {why}; " for n, why in skipped.items())
+    return (f"Exactly the {update['expected']} expected tensors change{scaler}; {agree}{missing}"
             f"{checks.fit['verdict']['message']}; about {fmt_seconds(checks.fit['plan']['train_seconds'])} (m:ss) of "
             "training.")

@@ -59,6 +59,7 @@ def test_summary_keeps_its_readers_keys_and_times_each_check(stage03) -> None:
     written = json.loads(stage.path("summary.json").read_text())
     assert written == json.loads(json.dumps(summary))
     assert set(pc.SUMMARY_KEYS) <= set(written) and written["update_ok"] is True and written["method"] == "lora"
+    assert written["skipped"] == {}  # every check was measured
     assert written["seconds_per_step"] == checks.fit["plan"]["seconds_per_step"] > 0
     assert len(written["estimate_error"]) == len(written["peak_gib"]) == 2
     timed = written["check_seconds"]
@@ -93,3 +94,44 @@ def test_a_failed_check_raises_a_labkit_error_listing_it(stage03) -> None:
         assert isinstance(failed.value, LabkitError)
     finally:
         checks.update = update
+
+
+def test_checks_not_measurable_on_this_device_are_shown_and_fail_nothing(stage03) -> None:
+    """Arms the estimate says cannot fit are skipped with the reason: the stage's verdict does not count them, the
+    files, the decision line and the summary's `skipped` say so."""
+    stage, checks, _ = stage03
+    measured = checks.accumulation, checks.checkpointing
+    restores = checks.model.restores
+    try:
+        accumulation = pc.accumulation(stage, checks, free_bytes=2**20)
+        checkpointing = pc.checkpointing(stage, checks, free_bytes=2**20)
+        assert checks.model.restores == restores + 1  # no arm ran (only the final restore)
+        for name, result in ((pc.ACCUMULATION_FILE, accumulation), (pc.CHECKPOINTING_FILE, checkpointing)):
+            assert result["skipped"].startswith("not measurable on this device: needs "), result["skipped"]
+            assert json.loads(stage.path(name).read_text())["skipped"] == result["skipped"]
+        assert pc.failures(checks) == []
+        assert pc.skipped_checks(checks) == {"accumulation_check": accumulation["skipped"],
+                                             "checkpointing_check": checkpointing["skipped"]}
+        text = pc.decision_text(checks)
+        assert "accumulation not measurable on this device: needs" in text and "agree" not in text
+        checks.accumulation = {**accumulation, "skipped": None, "ok": False, "relative_difference": 0.5,
+                               "nonfinite": []}
+        assert len(pc.failures(checks)) == 1  # a measured failure still fails
+    finally:
+        checks.accumulation, checks.checkpointing = measured
+        stage.save_json(pc.ACCUMULATION_FILE, checks.accumulation)
+        stage.save_json(pc.CHECKPOINTING_FILE, checks.checkpointing)
+    assert pc.failures(checks) == [] and "accumulation and checkpointing agree" in pc.decision_text(checks)
+
+
+def test_a_nan_in_a_check_fails_the_stage_as_its_own_finding(stage03) -> None:
+    stage, checks, _ = stage03
+    measured = checks.accumulation
+    try:
+        checks.accumulation = {**measured, "ok": False, "relative_difference": float("nan"),
+                               "nonfinite": ["one batch of 8: step 1: the loss is nan"]}
+        assert pc.failures(checks) == ["gradient accumulation: one batch of 8: step 1: the loss is nan"]
+        with pytest.raises(StageFailed, match="the loss is nan"):
+            pc.decide(stage, checks)
+    finally:
+        checks.accumulation = measured
