@@ -10,9 +10,8 @@
 - `InterruptStop`: SIGTERM / Ctrl-C → checkpoint and stop (`labkit.train.resilience.Interruption`).
 - `ThinnedProgress`, `ThinnedPrinter`, `NotebookProgress`: transformers' own progress output, printed every
   `train.logging_steps` although every step is logged.
-- `StepTimer`, `Snapshots`: stage 03's measurements of real steps (`labkit.preflight.measure`,
-  `labkit.preflight.stepchecks`): each step's wall time; the trainable tensors after each step or the gradients
-  before it.
+- `StepTimer`: stage 03's timing of real steps (`labkit.preflight.measure`): each step's wall time (the step
+  checks' own record of each step is `labkit.preflight.arms.StepRecord`).
 
 The generation-metric callback of early stopping lives with its scoring (`labkit.train.early_stopping`).
 """
@@ -204,29 +203,6 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
         self.seconds.append(time.perf_counter() - self._t)
-
-
-class Snapshots(TrainerCallback):
-    """Copies of the trainable tensors after each optimiser step (`after_step`), or, with `keep_grads`, of the
-    gradients just before it (`grads`), one dict of name -> tensor per step.
-
-    Args:
-        keep_grads: keep the gradients instead of the tensors.
-    """
-
-    def __init__(self, keep_grads: bool = False) -> None:
-        self.after_step: list[dict[str, Any]] = []
-        self.grads: list[dict[str, Any]] = []
-        self.keep_grads = keep_grads
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003
-        if self.keep_grads:
-            self.grads.append({n: p.grad.detach().float().clone() for n, p in model.named_parameters()
-                               if p.grad is not None})
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001, ANN003
-        if not self.keep_grads:
-            self.after_step.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
 
 
 def _kept(every: int, state: Any, logs: dict[str, Any] | None) -> bool:
