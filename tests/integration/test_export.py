@@ -89,7 +89,7 @@ def test_adapter_is_tied_to_the_exact_base_revision(exported) -> None:
     generation = GenerationConfig.from_pretrained(adapter)
     assert tokenizer.chat_template and tokenizer.pad_token == tokenizer.eos_token == "<|im_end|>"
     assert generation.do_sample is False and generation.num_beams == 1
-    assert generation.eos_token_id == tokenizer.eos_token_id and generation.max_new_tokens == 24
+    assert generation.eos_token_id == [tokenizer.eos_token_id] and generation.max_new_tokens == 24  # the stop list
 
 
 def test_model_card_has_revision_results_and_limits(exported) -> None:
