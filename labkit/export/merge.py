@@ -12,9 +12,11 @@ The merged model is saved in that dtype (`labkit.preflight.export_memory.export_
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from peft import PeftModel
 from transformers import AutoConfig, GenerationConfig
@@ -76,8 +78,6 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
 
 def free_device(device: str) -> None:
     """Give a GPU's cached blocks back once a model is gone (the next phase needs them)."""
-    import gc
-
     gc.collect()
     if device.startswith("cuda") and torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -94,8 +94,6 @@ def available_bytes(device: str) -> float:
     if device.startswith("cuda") and torch.cuda.is_available():
         index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
         return float(torch.cuda.mem_get_info(index)[0])
-    import psutil
-
     return float(psutil.virtual_memory().available)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
+from labkit.model.loading import decisions
 from labkit.model.placement import decide
 from labkit.preflight.memory import _BYTES, GIB, Shape, meta_model, parameter_bytes, shape_of, weight_dtype
 
@@ -38,9 +39,7 @@ def export_dtype(card: Card, device: str | DeviceProfile) -> str:
     if isinstance(device, DeviceProfile):
         made = decide(card, device, world_size=1, kernels={})
     else:
-        from labkit.model.loading import decisions  # the decisions (and notes) of this process
-
-        made = decisions(card, device)
+        made = decisions(card, device)  # the decisions (and notes) of this process
     return made.compute_dtype or made.weight_dtype
 
 COMPARE_ROWS = 1  # the merged-vs-unmerged logits are compared this many rows of a batch at a time

@@ -11,6 +11,7 @@ from typing import Any
 
 from labkit.preflight.export_memory import export_estimate
 from labkit.preflight.memory import GIB
+from labkit.preflight.sizing import estimate_config, gpu_profile
 from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, MemoryEstimate
 
 LABELS = {
@@ -85,8 +86,6 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     Returns:
         the line.
     """
-    from labkit.preflight.sizing import estimate_config, gpu_profile
-
     profile = gpu_profile(gpu_memory_gib, capability)
     need = export_estimate(estimate_config(card, card_path, config_path), card, sized["seq_len"], profile)
     margins = sum(sized["verdict"]["overheads"].values())
