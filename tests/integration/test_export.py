@@ -236,8 +236,8 @@ def _parameter_storages(shape: tuple[int, ...]) -> set[int]:
     """The storages of live parameters shaped like a layer's MLP down-projection, found by the garbage collector."""
     import torch
 
-    return {o.untyped_storage().data_ptr() for o in gc.get_objects()
-            if issubclass(type(o), torch.nn.Parameter) and tuple(o.shape) == shape}
+    return {o.untyped_storage().data_ptr() for o in gc.get_objects()  # meta tensors (the memory estimate's) hold none
+            if issubclass(type(o), torch.nn.Parameter) and tuple(o.shape) == shape and o.device.type != "meta"}
 
 
 def test_reload_check_holds_one_copy_of_the_base(exported) -> None:

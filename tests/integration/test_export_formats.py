@@ -19,9 +19,13 @@ from pathlib import Path
 import pytest
 from conftest import REPO, labkit
 
+from transformers import AutoTokenizer
+
+from labkit.card.load import load_card
 from labkit.cli.main import main as cli_main
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.data.prompting import prompt_ids
 from labkit.errors import ExportRefused
 from labkit.export.deliver import export
 
@@ -76,7 +80,6 @@ def _snippet(run: Path) -> str:
 
 
 def _first_validation_row(run: Path) -> tuple[dict, str]:
-    from labkit.card.load import load_card
     from labkit.data.prepare import load_split
 
     card = load_card(run / "card.yaml").card
@@ -90,11 +93,15 @@ def _run_snippet(run: Path) -> tuple[str, str]:
     code = _snippet(run)
     row, expected = _first_validation_row(run)
     assert code.count("text = 'your input here'") == 1
-    code = code.replace("text = 'your input here'", f"text = {row['input']!r}")
+    code = code.replace("text = 'your input here'", f"text = {row['input']!r}") + "print('@@ids@@', ids)\n"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=dict(os.environ),
-                          timeout=600)
+                          timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip(), expected
+    answer, ids = proc.stdout.rsplit("@@ids@@", 1)
+    tokenizer = AutoTokenizer.from_pretrained(run / "export" / "adapter")
+    card = load_card(run / "card.yaml").card
+    assert json.loads(ids) == prompt_ids(tokenizer, card, row["input"])  # the training prompt, token for token
+    return answer.strip(), expected
 
 
 def test_chatml_snippet_gives_the_evaluations_answer(chatml_export) -> None:
@@ -112,7 +119,7 @@ def test_plain_snippet_gives_the_evaluations_answer_without_a_chat_template(qlor
 
 
 def test_generation_config_carries_the_evaluations_stop_list(chatml_export, qlora_plain_export) -> None:
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     from labkit.evaluate.generation import stop_ids
     from labkit.model.sources import resolve
@@ -132,7 +139,6 @@ def test_qlora_is_merged_from_the_dequantised_weights_in_16_bit(qlora_plain_expo
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from labkit.card.load import load_card
     from labkit.model.loading import load_model
     from labkit.model.sources import resolve
 
@@ -184,3 +190,12 @@ def test_export_refuses_with_the_number_when_memory_is_short(smoke_run, tmp_path
     assert cli_main(["--runs", str(root), "export", run.name, "--memory", "0.001"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "GiB are free" in err[-1] and "needs" in err[-1]
+
+
+def test_reload_check_refuses_with_the_number_before_loading(chatml_export) -> None:
+    from labkit.export.reload_check import check
+
+    with pytest.raises(ExportRefused, match=r"^the reload check needs \d+\.\d\d GiB on cpu .* but 0\.00 GiB are free"):
+        check(chatml_export / "export", chatml_export, available=1024)
+    report = io.read_json(chatml_export / "export" / "reload_check.json")  # the export's own check, untouched
+    assert report["ok"] and report["memory"]["available_bytes"] > report["memory"]["peak_bytes"] > 0
