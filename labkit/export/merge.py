@@ -126,12 +126,12 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
 def score_merged(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any]], adapter_answers: list[str]) -> dict[str, Any]:
     """Score the merged model on evaluation rows beside the unmerged adapter's answers (the run's) on the same rows.
 
-    The adapter of the PeftModel is merged in place (peft `merge_adapter`, the merged/ weights), the rows are
+    Called while the adapter is merged in place (peft `merge_adapter`: the weights of merged/), the rows are
     answered by the evaluation procedure (`labkit.evaluate.generation.generate_answers`) and both sets of answers
-    are scored by the card's metrics (`labkit.evaluate.procedure.score_answers`); the adapter is unmerged after.
+    are scored by the card's metrics (`labkit.evaluate.procedure.score_answers`).
 
     Args:
-        model: a peft PeftModel on the base of `base_for_merge`.
+        model: a peft PeftModel on the base of `base_for_merge`, its adapter merged.
         tokenizer: the exported tokenizer.
         card: the card (its eval.max_new_tokens sized).
         rows: the evaluation rows checked, in order.
@@ -140,11 +140,7 @@ def score_merged(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any
         {"split", "rows", "dtype", "merged": metrics, "adapter": metrics, "difference": {metric: merged − adapter},
          "changed_answers", "changed_examples"}.
     """
-    model.merge_adapter()
-    try:
-        answers = generate_answers(model, tokenizer, card, rows, desc="merged model: generating")
-    finally:
-        model.unmerge_adapter()
+    answers = generate_answers(model, tokenizer, card, rows, desc="merged model: generating")
     merged = score_answers(card, rows, answers)[1]["overall"]
     adapter = score_answers(card, rows, adapter_answers)[1]["overall"]
     difference = {k: merged[k] - adapter[k] for k, v in merged.items()

@@ -19,7 +19,7 @@
    magnitude up to 46 by 1.6e-4 with every greedy answer unchanged), `RTOL_16BIT` in 16 bits (the merged weights
    are rounded once more). When the export has `merged/`, its tensors, read one at a time, must equal the first
    in-place merge (cast to the saved dtype), before any unmerge has rounded the base weights.
-4. The merged model is scored: it answers the checked rows by the evaluation procedure and the card's metrics score
+4. The merged model is scored during the first merge: it answers the checked rows by the evaluation procedure and the card's metrics score
    them beside the run's (unmerged) answers on the same rows (`merged_scores`: both, their difference, the changed
    answers). The difference is reported, it does not fail the check.
 
@@ -32,6 +32,7 @@ Writes EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def _prompt_batch(tokenizer: Any, card: Any, rows: list[dict[str, Any]]) -> tupl
 
 
 def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list[dict[str, Any]]],
-                       merged_dir: Path | None = None) -> dict[str, Any]:
+                       merged_dir: Path | None = None, while_merged: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Merge a PeftModel's adapter in place and compare, batch by batch, its logits with the unmerged model's.
 
     One copy of the base exists throughout: for each batch, `COMPARE_ROWS` rows at a time (the batch's padding
@@ -107,12 +108,16 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
         card: the card (prompt).
         batches: batches of rows.
         merged_dir: the export's merged/ folder, or None.
+        while_merged: called once during the first merge, when the weights are exactly merged/'s (in 16 bits an
+            unmerge rounds them), e.g. to score the merged model.
     Returns:
-        {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir)}.
+        {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir),
+         "while_merged": what `while_merged` returned}.
     """
     device = next(model.parameters()).device
     worst = scale = 0.0
-    weights = None
+    weights = called = None
+    first = True
     with torch.no_grad():
         for rows in batches:
             whole_ids, whole_mask = _prompt_batch(tokenizer, card, rows)
@@ -122,21 +127,24 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
                 unmerged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
                 model.merge_adapter()
                 try:
-                    if weights is None and merged_dir is not None:
-                        weights = _merged_weights_diff(merged_dir, model)
+                    if first:
+                        weights = _merged_weights_diff(merged_dir, model) if merged_dir is not None else None
+                        called = while_merged() if while_merged else None
+                        first = False
                     merged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
                 finally:
                     model.unmerge_adapter()
                 worst = max(worst, (unmerged - merged).abs().max().item())
                 scale = max(scale, unmerged.abs().max().item())
                 del unmerged, merged
-        if weights is None and merged_dir is not None:  # no batch to compare: the weights still are
+        if first:  # no batch to compare: the weights still are
             model.merge_adapter()
             try:
-                weights = _merged_weights_diff(merged_dir, model)
+                weights = _merged_weights_diff(merged_dir, model) if merged_dir is not None else None
+                called = while_merged() if while_merged else None
             finally:
                 model.unmerge_adapter()
-    return {"logits_max_abs_diff": worst, "logits_max_abs": scale, "merged_weights": weights}
+    return {"logits_max_abs_diff": worst, "logits_max_abs": scale, "merged_weights": weights, "while_merged": called}
 
 
 def merged_tensors(model: Any) -> dict[str, Any]:
@@ -295,10 +303,11 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
         rtol = RTOL if dtype == torch.float32 else RTOL_16BIT
         merged_dir = export_dir / "merged"
         found = merged_vs_unmerged(model, tokenizer, card, [[rows[i] for i in batch] for batch in batches],
-                                   merged_dir if merged_dir.is_dir() else None)
-        report.update(found, tolerance=rtol * max(1.0, found["logits_max_abs"]),
+                                   merged_dir if merged_dir.is_dir() else None,
+                                   lambda: score_merged(model, tokenizer, card, chosen,
+                                                        [expected.get(r["id"]) or "" for r in chosen]))
+        report.update(found, tolerance=rtol * max(1.0, found["logits_max_abs"]), merged_scores=found.pop("while_merged"),
                       tolerance_rule=f"max |Δ logit| ≤ {rtol:g} · max(1, max |logit|), {str(dtype).removeprefix('torch.')}")
-        report["merged_scores"] = score_merged(model, tokenizer, card, chosen, [expected.get(r["id"]) or "" for r in chosen])
     logits_ok = report["logits_max_abs_diff"] is None or report["logits_max_abs_diff"] <= report["tolerance"]
     merged_ok = report["merged_weights"] is None or report["merged_weights"]["ok"]
     report["ok"] = bool(report["identical"] and logits_ok and merged_ok and report["weights_match_run"]["ok"] and all(
