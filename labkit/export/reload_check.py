@@ -19,9 +19,9 @@
    magnitude up to 46 by 1.6e-4 with every greedy answer unchanged), `RTOL_16BIT` in 16 bits (the merged weights
    are rounded once more). When the export has `merged/`, its tensors, read one at a time, must equal the first
    in-place merge (cast to the saved dtype), before any unmerge has rounded the base weights.
-4. The merged model is scored during the first merge: it answers the checked rows by the evaluation procedure and the card's metrics score
-   them beside the run's (unmerged) answers on the same rows (`merged_scores`: both, their difference, the changed
-   answers). The difference is reported, it does not fail the check.
+4. The merged model is scored during the first merge: it answers the checked rows by the evaluation procedure and
+   the card's metrics score them beside the run's (unmerged) answers on the same rows (`merged_scores`: both, their
+   difference, the changed answers). The difference is reported, it does not fail the check.
 
 Before the first model loads, the check states the memory it needs (`labkit.preflight.export_memory`) and refuses
 with both numbers when the device's free memory is smaller (ExportRefused).
