@@ -237,7 +237,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from labkit.export.reload_check import summary as reload_summary
 
     result = export(args.run, _root(args), merged=args.merged, out=Path(args.out) if args.out else None,
-                    sample=args.sample, device=args.device)
+                    sample=args.sample, device=args.device, memory_gib=getattr(args, "memory", None))
     print(f"exported {result['run_id']} to {result['export_dir']}: reload check passed "
           f"({reload_summary(result['reload_check'])})")
     return 0
@@ -259,7 +259,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """`labkit estimate CARD --gpu-memory GIB`: size a card for a GPU before renting it (offline, no weights)."""
     from labkit.preflight.memory import GIB
     from labkit.preflight.sizing import estimate_card
-    from labkit.show.memory import label
+    from labkit.show.memory import export_line, label
 
     loaded = load_card(Path(args.card))
     got = estimate_card(loaded.card, loaded.path, args.gpu_memory, args.capability, args.seq_len, args.config)
@@ -277,6 +277,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
         print(f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)")
     print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {args.gpu_memory:g} GiB")
     print(f"verdict: {'fits' if verdict['fits'] else 'does not fit'}: {verdict['message']}")
+    print(export_line(card, loaded.path, args.gpu_memory, args.capability, args.config, got))
     largest = got["largest_micro_batch"]
     print(f"largest micro-batch that fits: {largest['plain'] or 'none'} without activation checkpointing, "
           f"{largest['checkpointing'] or 'none'} with it")

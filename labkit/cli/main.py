@@ -36,7 +36,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--merged", action="store_true", help="also write merged/: base + adapter merged (safetensors)")
     parser.add_argument("--out", help="export folder (default: <run>/export)")
     parser.add_argument("--sample", type=int, help="reload check on the first N evaluation batches only (default: all)")
-    parser.add_argument("--device", help="device of the reload check (default: cpu unless the run used CUDA)")
+    parser.add_argument("--device", help="device of the merge and the reload check (default: cpu unless the run used CUDA)")
+    parser.add_argument("--memory", type=float, metavar="GIB", help="memory the export may use (default: the device's free memory)")
     parser.set_defaults(func=commands.cmd_export)
 
 

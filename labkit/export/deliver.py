@@ -4,10 +4,16 @@ Writes `<run>/export/` (or `--out DIR`):
   adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path: the hub id + revision, or
                  the local folder of the exact base weights, so AutoPeftModelForCausalLM loads it),
                  labkit_base_model.json, the tokenizer (chat template, EOS/pad), generation_config.json
-                 (the evaluation's greedy decoding); `model/` instead for method full
-  merged/        with --merged: base + adapter merged (peft merge_and_unload), safetensors
+                 (the evaluation's greedy decoding and stop list: labkit.export.snippet); `model/` instead for
+                 method full
+  merged/        with --merged: the adapter merged into the base it learned against (the dequantised 4-bit weights
+                 for qlora), in the export dtype (16-bit on a GPU), on the training device (labkit.export.merge)
   README.md      the model card (labkit.export.model_card); results.json, limits.json, card.yaml, export.json
   reload_check.json   the reload check run in a fresh process (labkit.export.reload_check)
+  merged_vs_adapter.json   the merged model's scores on the checked validation rows beside the adapter's
+
+Before any model is loaded, the export's memory (labkit.preflight.export_memory) is stated and compared with the
+device's free memory; an export that would not fit is refused with both numbers (ExportRefused).
 
 The export is built in a temporary folder and renamed into place, then checked; a failed check
 leaves it on disk, marked failed in reload_check.json, and raises ExportCheckFailed.
@@ -23,10 +29,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-from peft import PeftModel
-from transformers import AutoTokenizer, GenerationConfig
-
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
@@ -34,7 +36,10 @@ from labkit.core.run_card import resolved_card
 from labkit.errors import ExportCheckFailed, ExportRefused
 from labkit.export import model_card as modelcard
 from labkit.export.hub_card import describe_base, loadable_base
-from labkit.export.reload_check import load_base_float32, summary
+from labkit.export.merge import ensure_fits, merge_to
+from labkit.export.reload_check import longest_prompt, run_device, summary
+from labkit.export.snippet import load_snippet, save_tokenizer_and_generation
+from labkit.model.loading import decisions
 from labkit.model.source_spec import parse_source
 from labkit.model.sources import resolve, sha256_file
 
@@ -98,24 +103,6 @@ def base_model_info(resolved: Any, card_hash: str, run_id: str, card_dir: Path |
     return info
 
 
-def _save_tokenizer_and_generation(run: R.Run, card: Any, resolved: Any, dest: Path) -> Any:
-    """The run's tokenizer (as training saved it) and a greedy generation config, saved into dest."""
-    tokenizer = AutoTokenizer.from_pretrained(str(run.dir / "training" / "adapter"),
-                                              trust_remote_code=card.model.trust_remote_code)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # as labkit.model.loading.load_tokenizer does
-    tokenizer.save_pretrained(str(dest))
-    try:  # the base's own generation settings stay (the evaluation ran with them), decoding is made greedy
-        generation = GenerationConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
-    except OSError:
-        generation = GenerationConfig()
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    generation.update(do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-                      max_new_tokens=resolved_card(card, run.dir).eval.max_new_tokens, eos_token_id=tokenizer.eos_token_id, pad_token_id=pad)
-    generation.save_pretrained(str(dest))
-    return tokenizer
-
-
 def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> None:
     src = run.dir / "training" / "adapter"
     dest.mkdir(parents=True)
@@ -128,40 +115,6 @@ def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> 
         config["revision"] = base["revision"] if base.get("hf_repo") else None  # a folder has no hub revision
         (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     io.write_json(dest / "labkit_base_model.json", base)
-
-
-def _merge(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any]) -> str:
-    """Merge the adapter into the unquantised base (float32), save it in the card's dtype; returns that dtype."""
-    model = PeftModel.from_pretrained(load_base_float32(resolved, card, "cpu"), str(adapter)).merge_and_unload()
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(card.model.dtype, torch.float32)
-    model = model.to(dtype)
-    model.generation_config = GenerationConfig.from_pretrained(str(adapter))
-    model.save_pretrained(str(dest))
-    tokenizer.save_pretrained(str(dest))
-    io.write_json(dest / "labkit_base_model.json", {**base, "merged_from_adapter": True, "dtype": str(dtype).removeprefix("torch.")})
-    return str(dtype).removeprefix("torch.")
-
-
-def _load_snippet(export_dir: Path, weights: str, base: dict[str, Any], card: Any) -> list[str]:
-    if weights == "model":
-        load = ["model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.float32).eval()"]
-    else:
-        base_line = (f"base = AutoModelForCausalLM.from_pretrained({base['hf_repo']!r}, revision={base['revision']!r}, dtype=torch.float32)"
-                     if base.get("hf_repo") else
-                     f"base_dir = resolve({base['source']!r}, {base['revision']!r}).location  # checks the exact revision\n"
-                     "base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)")
-        load = ["from peft import PeftModel", "from labkit.model.sources import resolve", *base_line.splitlines(),
-                "model = PeftModel.from_pretrained(base, where).eval()"]
-    system = [f"messages = [{{'role': 'system', 'content': {card.data.prompt.system.strip()!r}}}]"] if card.data.prompt.system else ["messages = []"]
-    return ["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig", "",
-            f"where = {str(export_dir / weights)!r}", *load,
-            "tokenizer = AutoTokenizer.from_pretrained(where)",
-            "generation = GenerationConfig.from_pretrained(where)  # greedy, as evaluated",
-            "text = 'your input here'", *system,
-            f"messages.append({{'role': 'user', 'content': {card.data.prompt.instruction!r}.replace('{{input}}', text)}})",
-            "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors='pt')",
-            "out = model.generate(**inputs, generation_config=generation)",
-            "print(tokenizer.decode(out[0, inputs['input_ids'].shape[1]:], skip_special_tokens=True))"]
 
 
 def run_reload_check(export_dir: Path, run_dir: Path, sample: int | None = None, device: str | None = None) -> dict[str, Any]:
@@ -188,7 +141,7 @@ def run_reload_check(export_dir: Path, run_dir: Path, sample: int | None = None,
 
 
 def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Path | None = None,
-           sample: int | None = None, device: str | None = None) -> dict[str, Any]:
+           sample: int | None = None, device: str | None = None, memory_gib: float | None = None) -> dict[str, Any]:
     """Export a completed run and check the export in a fresh process.
 
     Args:
@@ -197,11 +150,13 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         merged: also write merged/ (base + adapter merged).
         out: the export folder (default `<run>/export`); an existing labkit export there is replaced.
         sample: reload check on the first N evaluation batches only (None: all).
-        device: device of the reload check (None: cpu unless the run used CUDA).
+        device: device of the merge and the reload check (None: cpu unless the run used CUDA).
+        memory_gib: memory available to the export (None: the device's free memory, read before it starts).
     Returns:
         {"export_dir", "run_id", "ok", "reload_check", "merged", "method"}.
     Raises:
-        ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation).
+        ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation), or the 16-bit
+            merge and reload check would not fit in the device's free memory (one line with both numbers).
         ExportCheckFailed: the reload check failed (the export stays on disk, marked failed).
     """
     run = R.find_run(str(run_id_or_dir), Path(root))
@@ -220,12 +175,20 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
     out = Path(out).resolve() if out else run.dir / "export"
     if out.exists() and any(out.iterdir()) and not (out / "export.json").exists():
         raise ExportRefused(f"cannot export {run.run_id} into {out}: the folder exists and is not a labkit export — choose another --out")
+    device = device or run_device(run.dir)
+    max_new = resolved_card(card, run.dir).eval.max_new_tokens
+    made = decisions(card, device)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _copy_weights(run, tmp / weights, base, method)
-        tokenizer = _save_tokenizer_and_generation(run, card, resolved, tmp / weights)
-        merged_dtype = _merge(tmp / weights, tmp / "merged", resolved, card, tokenizer, base) if merged else None
+        tokenizer, generation = save_tokenizer_and_generation(run.dir / "training" / "adapter", card, resolved,
+                                                              tmp / weights, max_new)
+        need = ensure_fits(resolved, resolved_card(card, run.dir), longest_prompt(run, card, tokenizer), device,
+                           None if memory_gib is None else memory_gib * 1024**3)
+        print(f"labkit: export on {device} in {need['dtype']}: needs {need['peak_bytes'] / 1024**3:.2f} GiB "
+              f"({need['phase']} phase) of {need['available_bytes'] / 1024**3:.2f} GiB free", file=sys.stderr)
+        merged_dtype = merge_to(tmp / weights, tmp / "merged", resolved, card, tokenizer, base, device) if merged else None
         results = modelcard.collect_results(run.dir)
         limits = modelcard.observed_limits(run.dir, card, results, tokenizer)
         io.write_json(tmp / "results.json", results)
@@ -244,10 +207,13 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
     tmp.rename(out)
 
     report = run_reload_check(out, run.dir, sample, device)
+    if report.get("merged_scores"):
+        io.write_json(out / "merged_vs_adapter.json", report["merged_scores"])
     info = {"run_id": run.run_id, "experiment": run.experiment, "card": card, "card_yaml": run.card_path.read_text(encoding="utf-8"),
             "base": base, "manifest": io.read_json(run.dir / "data_manifest.json"), "env": modelcard.environment(run.dir),
             "results": results, "limits": limits, "reload": report, "reload_summary": summary(report),
-            "weights_dir": weights, "merged": merged, "method": method, "load_snippet": _load_snippet(out, weights, base, card)}
+            "weights_dir": weights, "merged": merged, "method": method, "load_snippet": load_snippet(out, weights, base, card, made.weight_dtype, generation.eos_token_id,
+                                                             made.compute_dtype)}
     io.write_atomic(out / "README.md", modelcard.render(info))
     if not report.get("ok"):
         R.record(run, "export_failed", export_dir=str(out), why=summary(report))

@@ -216,6 +216,18 @@ def _metrics_table(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _merged_section(scores: dict[str, Any] | None) -> list[str]:
+    """The model card's "Merged model" section: the merged model's scores beside the adapter's on the same rows."""
+    if not scores:
+        return []
+    lines = ["", "## Merged model", "", f"The adapter merged into its base ({scores['dtype']}), scored on {scores['rows']} "
+             f"{scores['split']} rows beside the unmerged adapter (the evaluated model); {scores['changed_answers']} "
+             "answer(s) differ.", "", "| metric | adapter | merged | difference |", "|---|---|---|---|"]
+    for key, diff in scores["difference"].items():
+        lines.append(f"| `{key}` | {_fmt(scores['adapter'][key])} | {_fmt(scores['merged'][key])} | {diff:+.3f} |")
+    return lines
+
+
 def render(info: dict[str, Any]) -> str:
     """The model card (README.md of the export) as Markdown.
 
@@ -303,6 +315,7 @@ def render(info: dict[str, Any]) -> str:
             lines += [f"- {md_code(ex['id'])} ({md_text(ex['category'])}), {ex['metric']} {ex['tuned']:.2f} "
                       f"(base {ex['baseline']:.2f})", f"  - expected: {md_code(ex['target'])}",
                       f"  - tuned: {md_code(ex['prediction'])}"]
+    lines += _merged_section(reload.get("merged_scores"))
     lines += ["", "## How to load it", "", "```python", *info["load_snippet"], "```", "",
               "## Files", "", f"- `{info['weights_dir']}/`: "
               + ("the trained model" if info["method"] == "full" else "the adapter (safetensors) with `adapter_config.json` "
@@ -311,9 +324,10 @@ def render(info: dict[str, Any]) -> str:
     if info["merged"]:
         lines.append("- `merged/`: base + adapter merged (peft `merge_and_unload`), safetensors, loadable without peft")
         if info["method"] == "qlora":
-            lines.append("  - QLoRA: merged into the unquantised base weights; the results above were measured with the adapter "
-                         "on the 4-bit base, so `merged/` is close to, not exactly, the evaluated model")
-    lines += ["- `results.json`, `limits.json`: the numbers above as data; `reload_check.json`: the reload check",
+            lines.append("  - QLoRA: merged into the dequantised 4-bit weights the adapter learned against; the results above "
+                         "were measured with the adapter on the 4-bit base: the merged model's own are under Merged model")
+    lines += ["- `results.json`, `limits.json`: the numbers above as data; `reload_check.json`: the reload check; "
+              "`merged_vs_adapter.json`: the merged model's scores beside the adapter's",
               "- `card.yaml`: the resolved experiment card; `export.json`: what was exported, with sha256 of every file",
               "", "## Experiment card (resolved)", "", *md_fence(info["card_yaml"].rstrip(), "yaml"), ""]
     return "\n".join(lines)

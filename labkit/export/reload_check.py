@@ -11,27 +11,35 @@
    exactly. `--sample N` checks the first N evaluation batches only (whole batches). The exported
    weight files must also be byte for byte the run's `training/adapter` (a weak model's greedy
    answers can survive a changed tensor; a hash cannot).
-3. The adapter is merged into the base in float32, in place (peft `merge_adapter` / `unmerge_adapter`, one copy
-   of the base in memory), and batch by batch the unmerged model's logits on the same prompts are compared with the
-   merged model's: max |Δ| ≤ 1e-4 · max(1, max |logit|). The bound is relative because float32 rounding grows with
-   depth: on SmolLM2-135M (30 layers) the merge moved logits of magnitude up to 46 by 1.6e-4 with every greedy
-   answer unchanged. When the export has `merged/`, its tensors, read one at a time, must equal the first in-place
-   merge (cast to the saved dtype), before any unmerge has rounded the base weights.
+3. The adapter is merged, in place (peft `merge_adapter` / `unmerge_adapter`, one copy of the base in memory), into
+   the base it learned against in the export dtype (`labkit.export.merge.base_for_merge`: the dequantised 4-bit
+   weights for qlora; 16-bit on a GPU, float32 on the CPU), on the training device; batch by batch, one row at a
+   time, the unmerged model's logits on the same prompts are compared with the merged model's: max |Δ| ≤ rtol ·
+   max(1, max |logit|), rtol 1e-4 in float32 (on SmolLM2-135M, 30 layers, the float32 merge moved logits of
+   magnitude up to 46 by 1.6e-4 with every greedy answer unchanged), `RTOL_16BIT` in 16 bits (the merged weights
+   are rounded once more). When the export has `merged/`, its tensors, read one at a time, must equal the first
+   in-place merge (cast to the saved dtype), before any unmerge has rounded the base weights.
+4. The merged model is scored during the first merge: it answers the checked rows by the evaluation procedure and
+   the card's metrics score them beside the run's (unmerged) answers on the same rows (`merged_scores`: both, their
+   difference, the changed answers). The difference is reported, it does not fail the check.
+
+Before the first model loads, the check states the memory it needs (`labkit.preflight.export_memory`) and refuses
+with both numbers when the device's free memory is smaller (ExportRefused).
 
 Writes EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does not.
 """
 
 from __future__ import annotations
 
-import gc
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import PeftModel
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoTokenizer, GenerationConfig
 
 from labkit.card.load import load_card
 from labkit.core import io
@@ -40,11 +48,16 @@ from labkit.data.prepare import load_split
 from labkit.data.prompting import prompt_ids
 from labkit.data.sources import sha256_text
 from labkit.evaluate.generation import batches, generate_answers
+from labkit.evaluate.procedure import score_answers
+from labkit.core.run_card import resolved_card
+from labkit.export.merge import base_for_merge, ensure_fits, free_device, score_merged
 from labkit.model.loading import load_model, load_tokenizer, pick_device, resize_for_tokenizer
 from labkit.model.sources import ResolvedModel, resolve, sha256_file
+from labkit.preflight.export_memory import COMPARE_ROWS
 
 
 RTOL = 1e-4  # merged vs unmerged: max |Δ logit| ≤ RTOL · max(1, max |logit|), float32
+RTOL_16BIT = 5e-2  # the same in bfloat16 / float16: the merged weights are rounded to 8 / 11 significant bits
 WEIGHTS_ATOL = 1e-6  # merged/ on disk vs the in-memory merge, float32
 MAX_MISMATCHES = 5
 
@@ -81,12 +94,12 @@ def _prompt_batch(tokenizer: Any, card: Any, rows: list[dict[str, Any]]) -> tupl
 
 
 def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list[dict[str, Any]]],
-                       merged_dir: Path | None = None) -> dict[str, Any]:
+                       merged_dir: Path | None = None, while_merged: Callable[[], Any] | None = None) -> dict[str, Any]:
     """Merge a PeftModel's adapter in place and compare, batch by batch, its logits with the unmerged model's.
 
-    One copy of the base exists throughout: for each batch the unmerged logits are computed, the adapter is merged
-    into the base weights (peft `merge_adapter`), the merged logits are computed, and the adapter is unmerged
-    (`unmerge_adapter`). `merged_dir`'s tensors are compared with the first merge, before any unmerge has rounded
+    One copy of the base exists throughout: for each batch, `COMPARE_ROWS` rows at a time (the batch's padding
+    kept), the unmerged logits are computed, the adapter is merged into the base weights (peft `merge_adapter`), the
+    merged logits are computed, and the adapter is unmerged (`unmerge_adapter`). `merged_dir`'s tensors are compared with the first merge, before any unmerge has rounded
     the base weights (float32 (W + ΔW) − ΔW need not be W to the last bit).
 
     Args:
@@ -95,52 +108,43 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
         card: the card (prompt).
         batches: batches of rows.
         merged_dir: the export's merged/ folder, or None.
+        while_merged: called once during the first merge, when the weights are exactly merged/'s (in 16 bits an
+            unmerge rounds them), e.g. to score the merged model.
     Returns:
-        {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir)}.
+        {"logits_max_abs_diff", "logits_max_abs" (of the unmerged model), "merged_weights" (None without merged_dir),
+         "while_merged": what `while_merged` returned}.
     """
     device = next(model.parameters()).device
     worst = scale = 0.0
-    weights = None
+    weights = called = None
+    first = True
     with torch.no_grad():
         for rows in batches:
-            ids, mask = (t.to(device) for t in _prompt_batch(tokenizer, card, rows))
-            keep = mask.bool()
-            unmerged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+            whole_ids, whole_mask = _prompt_batch(tokenizer, card, rows)
+            for start in range(0, len(rows), COMPARE_ROWS):
+                ids, mask = (t[start:start + COMPARE_ROWS].to(device) for t in (whole_ids, whole_mask))
+                keep = mask.bool()
+                unmerged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+                model.merge_adapter()
+                try:
+                    if first:
+                        weights = _merged_weights_diff(merged_dir, model) if merged_dir is not None else None
+                        called = while_merged() if while_merged else None
+                        first = False
+                    merged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+                finally:
+                    model.unmerge_adapter()
+                worst = max(worst, (unmerged - merged).abs().max().item())
+                scale = max(scale, unmerged.abs().max().item())
+                del unmerged, merged
+        if first:  # no batch to compare: the weights still are
             model.merge_adapter()
             try:
-                if weights is None and merged_dir is not None:
-                    weights = _merged_weights_diff(merged_dir, model)
-                merged = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()[keep]
+                weights = _merged_weights_diff(merged_dir, model) if merged_dir is not None else None
+                called = while_merged() if while_merged else None
             finally:
                 model.unmerge_adapter()
-            worst = max(worst, (unmerged - merged).abs().max().item())
-            scale = max(scale, unmerged.abs().max().item())
-            del unmerged, merged
-        if weights is None and merged_dir is not None:  # no batch to compare: the weights still are
-            model.merge_adapter()
-            try:
-                weights = _merged_weights_diff(merged_dir, model)
-            finally:
-                model.unmerge_adapter()
-    return {"logits_max_abs_diff": worst, "logits_max_abs": scale, "merged_weights": weights}
-
-
-def load_base_float32(resolved: Any, card: Any, device: str) -> Any:
-    """The unquantised base model in float32 (what adapters are merged into).
-
-    Args:
-        resolved: the resolved base model source.
-        card: the card (trust_remote_code).
-        device: where to put it.
-    Returns:
-        the model, in eval mode.
-    """
-    model = AutoModelForCausalLM.from_pretrained(resolved.location, dtype=torch.float32,
-                                                 trust_remote_code=card.model.trust_remote_code,
-                                                 **resolved.from_pretrained_kwargs())
-    if card.data.prompt.format == "chat" and card.data.prompt.chat_template == "chatml":  # the rows training had
-        resize_for_tokenizer(model, card, load_tokenizer(resolved, card))
-    return model.to(device).eval()
+    return {"logits_max_abs_diff": worst, "logits_max_abs": scale, "merged_weights": weights, "while_merged": called}
 
 
 def merged_tensors(model: Any) -> dict[str, Any]:
@@ -210,8 +214,27 @@ def weights_vs_run(weights_dir: Path, run_weights: Path) -> dict[str, Any]:
     return {"ok": not differing and not keys, "differing": differing, "config_differs": keys}
 
 
+def run_device(run_dir: Path) -> str:
+    """The device an export of a run merges and checks on by default: the GPU when the run used CUDA, else the CPU."""
+    env = io.read_json(run_dir / "env.json") if (run_dir / "env.json").exists() else {}
+    return pick_device() if env.get("accelerators", {}).get("cuda_available") else "cpu"
+
+
+def longest_prompt(run: R.Run, card: Any, tokenizer: Any) -> int:
+    """The longest evaluation prompt of a run in tokens (what the export's memory is sized for).
+
+    Args:
+        run: the run.
+        card: its card (prompt, eval.split).
+        tokenizer: the exported tokenizer.
+    Returns:
+        the length (1 when the split is empty).
+    """
+    return max([len(prompt_ids(tokenizer, card, r["input"])) for r in load_split(run, card.eval.split)], default=1)
+
+
 def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = None,
-          device: str | None = None) -> dict[str, Any]:
+          device: str | None = None, available: float | None = None) -> dict[str, Any]:
     """Reload an export in this process and compare it with its run (see the module docstring).
 
     Args:
@@ -219,16 +242,18 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
         run_dir: the run folder (default: the one recorded in export.json).
         sample: check the first N evaluation batches only (None: all).
         device: where to run (default: cpu unless the run recorded a CUDA device).
+        available: free bytes to size the check against (default: the device's free memory now).
     Returns:
         the report written to reload_check.json ({"ok", "identical", "total", "mismatches",
-        "logits_max_abs_diff", "tolerance", …}).
+        "logits_max_abs_diff", "tolerance", "memory", "merged_scores", …}).
+    Raises:
+        ExportRefused: the check would not fit in the device's free memory (both numbers, before any model loads).
     """
     start = time.monotonic()
     manifest = io.read_json(export_dir / "export.json")
     run = R.Run(Path(run_dir or manifest["run_dir"]).resolve())
-    card = load_card(run.card_path).card
-    env = io.read_json(run.dir / "env.json") if (run.dir / "env.json").exists() else {}
-    device = device or (pick_device() if env.get("accelerators", {}).get("cuda_available") else "cpu")
+    card = resolved_card(load_card(run.card_path).card, run.dir)
+    device = device or run_device(run.dir)
     base_info = manifest["base_model"]
     weights = export_dir / manifest["weights_dir"]
     tokenizer = AutoTokenizer.from_pretrained(str(weights))
@@ -244,14 +269,19 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     resolved = resolve(base_info["source"], base_info["revision"], base=Path(base_info.get("card_dir") or run.dir))
     report["base"]["resolved_revision"] = resolved.revision  # resolve() raised if it differed
     report["weights_match_run"] = weights_vs_run(weights, run.dir / "training" / "adapter")
+    rows = load_split(run, card.eval.split)
+    batches = eval_batches(tokenizer, card, rows, sample)
+    prompt_len = max([len(prompt_ids(tokenizer, card, rows[i]["input"])) for b in batches for i in b], default=1)
+    need = ensure_fits(resolved, card, prompt_len, device, available, "the reload check")
+    report["memory"] = {k: need[k] for k in ("dtype", "peak_bytes", "phase", "available_bytes", "prompt_len")}
+    print(f"reload check on {device}: needs {need['peak_bytes'] / 2**30:.2f} GiB ({need['phase']} phase, "
+          f"{need['dtype']}) of {need['available_bytes'] / 2**30:.2f} GiB free")
     if manifest["method"] == "full":
         model = load_model(ResolvedModel(resolved.source, "local", str(weights), resolved.revision), card, device)
     else:
         model = PeftModel.from_pretrained(load_model(resolved, card, device), str(weights)).eval()
     (model.get_base_model() if hasattr(model, "get_base_model") else model).generation_config = generation
 
-    rows = load_split(run, card.eval.split)
-    batches = eval_batches(tokenizer, card, rows, sample)
     chosen = [rows[i] for batch in batches for i in batch]
     answers = generate_answers(model, tokenizer, card, chosen, desc="reload check: generating")
     expected = {r["id"]: r["prediction"] for r in
@@ -261,19 +291,23 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     report.update(total=len(chosen), evaluation_rows=len(rows), sample_batches=sample, batch_size=card.eval.batch_size,
                   identical=not mismatches, mismatch_count=len(mismatches), mismatches=mismatches[:MAX_MISMATCHES])
 
-    report.update(logits_max_abs_diff=None, logits_max_abs=None, tolerance=None,
-                  tolerance_rule=f"max |Δ logit| ≤ {RTOL:g} · max(1, max |logit|), float32", merged_weights=None)
+    report.update(logits_max_abs_diff=None, logits_max_abs=None, tolerance=None, tolerance_rule=None,
+                  merged_weights=None, merged_scores=None)
     if manifest["method"] != "full":
-        if card.method.kind == "qlora" or next(model.parameters()).dtype != torch.float32:
-            del model  # a 4-bit or 16-bit evaluation model: merge in float32 from the unquantised base, loaded once
-            gc.collect()  # the evaluation model is gone before the float32 base is loaded
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-            model = PeftModel.from_pretrained(load_base_float32(resolved, card, device), str(weights)).eval()
+        if card.method.kind == "qlora":
+            del model  # the 4-bit evaluation model: merge into its dequantised weights, loaded once more
+            free_device(device)  # the evaluation model is gone before the 16-bit base is loaded
+            model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(weights)).eval()
+            (model.get_base_model()).generation_config = generation
+        dtype = next(model.get_base_model().parameters()).dtype
+        rtol = RTOL if dtype == torch.float32 else RTOL_16BIT
         merged_dir = export_dir / "merged"
         found = merged_vs_unmerged(model, tokenizer, card, [[rows[i] for i in batch] for batch in batches],
-                                   merged_dir if merged_dir.is_dir() else None)
-        report.update(found, tolerance=RTOL * max(1.0, found["logits_max_abs"]))
+                                   merged_dir if merged_dir.is_dir() else None,
+                                   lambda: score_merged(model, tokenizer, card, chosen,
+                                                        [expected.get(r["id"]) or "" for r in chosen]))
+        report.update(found, tolerance=rtol * max(1.0, found["logits_max_abs"]), merged_scores=found.pop("while_merged"),
+                      tolerance_rule=f"max |Δ logit| ≤ {rtol:g} · max(1, max |logit|), {str(dtype).removeprefix('torch.')}")
     logits_ok = report["logits_max_abs_diff"] is None or report["logits_max_abs_diff"] <= report["tolerance"]
     merged_ok = report["merged_weights"] is None or report["merged_weights"]["ok"]
     report["ok"] = bool(report["identical"] and logits_ok and merged_ok and report["weights_match_run"]["ok"] and all(
@@ -296,7 +330,13 @@ def summary(report: dict[str, Any]) -> str:
              + (f" (first {report['sample_batches']} batch(es) of {report['evaluation_rows']} rows)" if report.get("sample_batches") else "")]
     if report.get("logits_max_abs_diff") is not None:
         parts.append(f"merged vs unmerged logits max |Δ| {report['logits_max_abs_diff']:.2e} "
-                     f"(tolerance {report['tolerance']:.1e} = {RTOL:g} · max(1, max |logit| {report['logits_max_abs']:.1f}))")
+                     f"(tolerance {report['tolerance']:.1e}: {report.get('tolerance_rule')}; max |logit| "
+                     f"{report['logits_max_abs']:.1f})")
+    if report.get("merged_scores"):
+        m = report["merged_scores"]
+        diffs = ", ".join(f"{k} {v:+.3f}" for k, v in list(m["difference"].items())[:3])
+        parts.append(f"merged model ({m['dtype']}) on {m['rows']} {m['split']} rows: {diffs or 'no metric'} vs the "
+                     f"adapter, {m['changed_answers']} answer(s) changed")
     if report.get("merged_weights"):
         parts.append(f"merged/ weights max |Δ| {report['merged_weights']['max_abs_diff']:.2e}")
     if not report.get("weights_match_run", {}).get("ok", True):

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from labkit.preflight.export_memory import export_estimate
 from labkit.preflight.memory import GIB
+from labkit.preflight.sizing import estimate_config, gpu_profile
 from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, MemoryEstimate
 
 LABELS = {
@@ -72,3 +74,23 @@ def breakdown_rows(estimates: list[MemoryEstimate]) -> list[dict[str, Any]]:
     row("alternative: full logits, log-softmax and its gradient (an unfused loss)",
         [e["unfused_logits_bytes"] for e in estimates])
     return rows
+
+
+def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: str, config_path: str | None,
+                sized: dict[str, Any]) -> str:
+    """`labkit estimate`'s line on the export: its peak (16-bit merge and reload check) beside training's.
+
+    Args:
+        card, card_path, gpu_memory_gib, capability, config_path: as for `labkit.preflight.sizing.estimate_card`.
+        sized: what `estimate_card` returned (training's estimate and verdict).
+    Returns:
+        the line.
+    """
+    profile = gpu_profile(gpu_memory_gib, capability)
+    need = export_estimate(estimate_config(card, card_path, config_path), card, sized["seq_len"], profile)
+    margins = sum(sized["verdict"]["overheads"].values())
+    total = need["peak_bytes"] + margins
+    fits = "fits" if total <= gpu_memory_gib * GIB else "does not fit"
+    return (f"export ({need['dtype']} merge and reload check, {need['phase']} phase): peak {need['peak_bytes'] / GIB:.2f} GiB "
+            f"beside training's {sized['estimate']['peak_bytes'] / GIB:.2f} GiB; with the margins {total / GIB:.2f} GiB "
+            f"of {gpu_memory_gib:g} GiB: {fits}")

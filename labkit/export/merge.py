@@ -1,0 +1,151 @@
+"""The base an adapter is merged into, in the export dtype, on the device training used — and whether it fits there.
+
+- qlora: the base is loaded in 4 bits exactly as training loaded it (`labkit.model.loading.load_model`), then
+  dequantised by transformers (`PreTrainedModel.dequantize`, bitsandbytes' `dequantize_4bit` layer by layer) into
+  the 4-bit compute dtype: the weights the adapter learned against, not the original ones. peft's own
+  `merge_and_unload` on a 4-bit model would dequantise, add the delta and quantise the sum back into 4 bits
+  (peft.tuners.lora.bnb.Linear4bit.merge); labkit merges into the dequantised 16-bit weights instead.
+- lora: the base is loaded in the weights' dtype training used (bfloat16 / float16 on a GPU, float32 on the CPU).
+
+The merged model is saved in that dtype (`labkit.preflight.export_memory.export_dtype`).
+"""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from peft import PeftModel
+from transformers import AutoConfig, GenerationConfig
+
+from labkit.core import io
+from labkit.errors import ExportRefused
+from labkit.evaluate.generation import generate_answers
+from labkit.evaluate.procedure import score_answers
+from labkit.model.loading import load_model
+from labkit.preflight.export_memory import export_dtype, export_estimate, refusal
+
+
+def base_for_merge(resolved: Any, card: Any, device: str) -> Any:
+    """The base model the adapter learned against, in the export dtype, on `device` (see the module docstring).
+
+    Args:
+        resolved: the resolved base model source.
+        card: the card (method, quantisation, dtypes).
+        device: the device training used ("cuda", "cpu").
+    Returns:
+        the model, in eval mode, every tensor in the export dtype.
+    """
+    dtype = getattr(torch, export_dtype(card, device))
+    if card.method.kind == "qlora":
+        model = load_model(resolved, card, device)  # the 4-bit codes training used
+        model = model.dequantize(dtype=dtype)  # 16-bit nn.Linear in place of each Linear4bit, one at a time
+    else:
+        model = load_model(resolved, card, device, quantize=False)
+    return model.to(dtype).eval()
+
+
+def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any],
+             device: str) -> str:
+    """Merge an exported adapter into `base_for_merge` (peft `merge_and_unload`) and save it in the export dtype.
+
+    Args:
+        adapter: the export's adapter/ folder (its generation_config.json goes with the merged model).
+        dest: the merged/ folder to write.
+        resolved: the resolved base model source.
+        card: the card.
+        tokenizer: the exported tokenizer.
+        base: labkit_base_model.json of the export.
+        device: where to merge (the training device).
+    Returns:
+        the dtype name the merged weights are saved in.
+    """
+    model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(adapter)).merge_and_unload()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    model.generation_config = GenerationConfig.from_pretrained(str(adapter))
+    model.save_pretrained(str(dest))
+    tokenizer.save_pretrained(str(dest))
+    io.write_json(dest / "labkit_base_model.json", {**base, "merged_from_adapter": True, "dtype": dtype,
+                                                   "merged_into": "dequantised 4-bit weights" if card.method.kind == "qlora"
+                                                   else "the base weights as trained"})
+    del model
+    free_device(device)
+    return dtype
+
+
+def free_device(device: str) -> None:
+    """Give a GPU's cached blocks back once a model is gone (the next phase needs them)."""
+    gc.collect()
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def available_bytes(device: str) -> float:
+    """Free memory of `device` now: the GPU's (`torch.cuda.mem_get_info`), else the host's available RAM.
+
+    Args:
+        device: "cuda", "cuda:0", "mps", "cpu".
+    Returns:
+        bytes.
+    """
+    if device.startswith("cuda") and torch.cuda.is_available():
+        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
+        return float(torch.cuda.mem_get_info(index)[0])
+    return float(psutil.virtual_memory().available)
+
+
+def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, available: float | None = None,
+                what: str = "the export") -> dict[str, Any]:
+    """State the export's memory need and refuse it when it does not fit in the device's free memory.
+
+    Args:
+        resolved: the resolved base model source (its config is read, no weights).
+        card: the card.
+        prompt_len: the longest evaluation prompt in tokens.
+        device: the device the export runs on.
+        available: free bytes to compare with (default: `available_bytes(device)`).
+        what: what would run, for the line.
+    Returns:
+        `labkit.preflight.export_memory.export_estimate` with "available_bytes" and "device" added.
+    Raises:
+        ExportRefused: one line with both numbers, before anything is loaded.
+    """
+    config = AutoConfig.from_pretrained(resolved.location, trust_remote_code=card.model.trust_remote_code,
+                                        **resolved.from_pretrained_kwargs())
+    need = export_estimate(config, card, prompt_len, device.split(":")[0])
+    free = available_bytes(device) if available is None else float(available)
+    line = refusal(need["peak_bytes"], free, device, what)
+    if line:
+        raise ExportRefused(line)
+    return {**need, "available_bytes": free, "device": device}
+
+
+def score_merged(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any]], adapter_answers: list[str]) -> dict[str, Any]:
+    """Score the merged model on evaluation rows beside the unmerged adapter's answers (the run's) on the same rows.
+
+    Called while the adapter is merged in place (peft `merge_adapter`: the weights of merged/), the rows are
+    answered by the evaluation procedure (`labkit.evaluate.generation.generate_answers`) and both sets of answers
+    are scored by the card's metrics (`labkit.evaluate.procedure.score_answers`).
+
+    Args:
+        model: a peft PeftModel on the base of `base_for_merge`, its adapter merged.
+        tokenizer: the exported tokenizer.
+        card: the card (its eval.max_new_tokens sized).
+        rows: the evaluation rows checked, in order.
+        adapter_answers: the run's answers to those rows (comparison/tuned_predictions.jsonl).
+    Returns:
+        {"split", "rows", "dtype", "merged": metrics, "adapter": metrics, "difference": {metric: merged − adapter},
+         "changed_answers", "changed_examples"}.
+    """
+    answers = generate_answers(model, tokenizer, card, rows, desc="merged model: generating")
+    merged = score_answers(card, rows, answers)[1]["overall"]
+    adapter = score_answers(card, rows, adapter_answers)[1]["overall"]
+    difference = {k: merged[k] - adapter[k] for k, v in merged.items()
+                  if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(adapter.get(k), (int, float))}
+    changed = [{"id": r["id"], "adapter": a, "merged": m} for r, a, m in zip(rows, adapter_answers, answers) if a != m]
+    return {"split": card.eval.split, "rows": len(rows), "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "merged": merged, "adapter": adapter, "difference": difference, "changed_answers": len(changed),
+            "changed_examples": changed[:3]}
