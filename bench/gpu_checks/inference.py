@@ -49,7 +49,8 @@ def generation(source: str, device: str, precision: str, rows: int = 8) -> dict[
         precision: "bf16" or "fp32" (the 4-bit layers' compute dtype follows it).
         rows: the batch (one batch: eval.batch_size is 8).
     Returns:
-        {"rows", "seconds", "answers_non_empty", "new_tokens", "new_tokens_per_second", "logits_finite", "metrics"}.
+        {"rows", "answers", "seconds", "answers_non_empty", "new_tokens", "new_tokens_per_second", "logits_finite",
+         "metrics"} (a random model often repeats one token: its answers may be blank).
     """
     import torch
 
@@ -74,7 +75,7 @@ def generation(source: str, device: str, precision: str, rows: int = 8) -> dict[
     new_tokens = sum(len(tokenizer(r["prediction"], add_special_tokens=False)["input_ids"]) for r in scored)
     finite = _prompt_logits_finite(model, tokenizer, card, batch)
     del model
-    return {"model": source, "linear_4bit_layers": quantised, "rows": len(batch),
+    return {"model": source, "linear_4bit_layers": quantised, "rows": len(batch), "answers": len(scored),
             "max_new_tokens": card.eval.max_new_tokens, "seconds": round(seconds, 3),
             "answers_non_empty": sum(1 for r in scored if r["prediction"].strip()), "new_tokens": new_tokens,
             "new_tokens_per_second": new_tokens / seconds if seconds else None, "logits_finite": finite,

@@ -3,8 +3,9 @@
 The Llama is built from a config on the fly (random weights, no hub): on a GPU the shape of Llama 3.2 1B (16 layers,
 hidden 2048, 32 heads over 8 key/value heads, tied embeddings, rope θ 500,000, a 128,256-row vocabulary: about 1.24B
 parameters); in the CPU dry run the same structure made small (2 layers, hidden 128, 4 heads over 1, 4,096 rows).
-Its tokenizer is tiny:llama3's (600 tokens): the rows past it are never seen in the data, as in tiny:llama3, but the
-loss head and the memory it needs are those of the real vocabulary.
+Its tokenizer is tiny:llama3's (600 tokens): the rows past it are never seen in the data, as in tiny:llama3, and are
+zeroed so that a greedy answer is made of the tokenizer's tokens, but the loss head and the memory it needs are those
+of the real vocabulary.
 
 Every arm trains the classic QLoRA recipe of the DialogSum cards (params/examples/dialogsum-*.yaml) on labkit's
 built-in dialogues: NF4 with double quantisation, r 16 on all linear layers (dropout: `LORA_DROPOUT`),
@@ -82,7 +83,8 @@ def arms(cuda: bool) -> tuple[list[Arm], list[dict[str, str]]]:
     Returns:
         (arms to run, [{"arm", "reason"}] skipped or changed on this device).
     """
-    tiny_len, big_len, big_mb = (512, 1024, 4) if cuda else (64, 64, 2)
+    # every measured row holds the end of an example (a completion) only if it is at least data.max_length (384) long
+    tiny_len, big_len, big_mb = (512, 1024, 4) if cuda else (384, 384, 2)
     wide = "bf16" if cuda else "fp32"
     listed = [Arm(f"phi-{wide}", "phi", wide, True, tiny_len, 4 if cuda else 2),
               Arm("phi-fp16", "phi", "fp16", True, tiny_len, 4 if cuda else 2),
@@ -128,6 +130,8 @@ def build_llama(folder: Path, cuda: bool) -> dict[str, Any]:
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
+    with torch.no_grad():  # rows past the tokenizer score 0 (tied head): greedy answers stay decodable text
+        model.get_input_embeddings().weight[len(tokenizer):] = 0
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     count = sum(p.numel() for p in model.parameters())

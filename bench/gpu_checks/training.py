@@ -195,6 +195,8 @@ def run_arm(arm: Arm, source: str, device: str) -> dict[str, Any]:
     config = AutoConfig.from_pretrained(resolved.location)
     rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
     encoded = encode_rows(tokenizer, card, rows)
+    kept = [i for i, e in enumerate(encoded) if len(e.input_ids) <= card.data.max_length]  # as the card's cleaning
+    rows, encoded = [rows[i] for i in kept], [encoded[i] for i in kept]
     fraction = loss_fraction(tokenizer, card, rows)
     out: dict[str, Any] = {"arm": arm.name, "model": source, "method": card.method.kind, "precision": arm.precision,
                            "optimizer": card.train.optimizer, "checkpointing": arm.checkpointing}
