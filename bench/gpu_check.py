@@ -16,9 +16,10 @@ recipe (NF4, `paged_adamw_8bit`) on labkit's built-in dialogues:
 Targets (a miss exits 1): every part runs; on the Llama arms the estimated peak within 10 % of the measured
 `max_memory_allocated` peak and `max_memory_reserved` within the fit verdict's need; the verdict says the step fits;
 every stage 03 check passes (a one-line refusal of a configuration, e.g. Phi in fp16, counts as an answer); generation
-answers every row and its logits are finite (a random model's answers may be blank: it repeats a token); the export's reload check passes; no loss, gradient norm or logit checked is
-non-finite. Tiny models' steps are a few MiB, below what fixed allocations let an estimate resolve: their memory is
-reported, not judged. Prints one JSON object on stdout (progress and library output go to stderr).
+answers every row and its logits are finite (a random model's answers may be blank: it repeats a token); the export's
+reload check passes; no loss, gradient norm or logit checked is non-finite. Tiny models' steps are a few MiB, below
+what fixed allocations let an estimate resolve: their memory is reported, not judged. Prints one JSON object on
+stdout (progress and library output go to stderr).
 
 Without CUDA it prints one line and exits 2, before anything heavy. `--cpu-dry-run` runs the same list on the CPU,
 sized down (the Llama keeps its structure and vocabulary, 2 narrow layers): float32 in place of bf16, the fp16 arms
@@ -90,6 +91,10 @@ def arm_misses(arm: dict[str, Any], judged: bool) -> list[str]:
     for check, found in arm.get("stage03", {}).items():
         if not found.get("ok"):
             out.append(f"{name}: stage 03 {check} check failed: {found.get('problems') or found}")
+        elif found.get("nonfinite"):
+            out.append(f"{name}: stage 03 {check} check found non-finite values: {found['nonfinite']}")
+        elif found.get("skipped") and judged:  # an H100/H200 has the memory for every arm of these models
+            out.append(f"{name}: stage 03 {check} check not measured: {found['skipped']}")
     if arm.get("nonfinite"):
         out.append(f"{name}: {arm['nonfinite']} non-finite losses or gradient norms")
     if not (arm["speed"].get("tokens_per_second") or 0) > 0:

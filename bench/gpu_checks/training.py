@@ -130,15 +130,26 @@ def fit_and_memory(arm: Arm, loaded: Any, shared: Any, config: Any, tokenizer: A
     return out
 
 
+def accepted(function: Any, **options: Any) -> dict[str, Any]:
+    """The keyword arguments `function` takes: stage 03's arm sizing (config, free_bytes, loss_fraction) where the
+    checks take it, nothing where they do not yet."""
+    import inspect
+
+    names = inspect.signature(function).parameters
+    return {k: v for k, v in options.items() if k in names}
+
+
 def stage03(loaded: Any, shared: Any, config: Any, tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Any],
-            seq_len: int, device: str) -> dict[str, Any]:
-    """Stage 03's update, accumulation and checkpointing checks, called as `labkit.stages.parameter_check` calls them.
+            seq_len: int, device: str, fraction: float = 1.0) -> dict[str, Any]:
+    """Stage 03's update, accumulation and checkpointing checks, called as `labkit.stages.parameter_check` calls them
+    (each comparison arm costed against the free memory first, where the checks do that).
 
     Returns:
         {"update", "accumulation", "checkpointing"}: each {"ok", ...} without the per-tensor lists, plus "values"
         (every loss and gradient norm, for the finite check).
     """
     from labkit.preflight import stepchecks
+    from labkit.preflight.measure import free_device_memory
     from labkit.train.trainer import build_trainer
 
     card = loaded.card
@@ -148,9 +159,12 @@ def stage03(loaded: Any, shared: Any, config: Any, tokenizer: Any, rows: list[di
     update = stepchecks.update_check(trainer, card, steps=2)
     values = logged(trainer)
     del trainer
-    accumulation = stepchecks.accumulation_check(card, shared, tokenizer, rows, device, encoded=encoded)
-    checkpointing = stepchecks.checkpointing_check(card, shared, tokenizer, rows, seq_len, device, config=config,
-                                                   encoded=encoded)
+    sizing = dict(config=config, free_bytes=free_device_memory(device), loss_fraction=fraction, skip_ignored=True)
+    accumulation = stepchecks.accumulation_check(card, shared, tokenizer, rows, device, encoded=encoded,
+                                                 **accepted(stepchecks.accumulation_check, **sizing))
+    sizing["free_bytes"] = free_device_memory(device)
+    checkpointing = stepchecks.checkpointing_check(card, shared, tokenizer, rows, seq_len, device, encoded=encoded,
+                                                   **accepted(stepchecks.checkpointing_check, **sizing))
     shared.restore()
     values += [accumulation.get("loss_whole"), accumulation.get("loss_accumulated"), checkpointing.get("loss_plain"),
                checkpointing.get("loss_checkpointed")]
@@ -216,7 +230,7 @@ def run_arm(arm: Arm, source: str, device: str) -> dict[str, Any]:
         out["speed"] = tokens_per_second(card, shared, tokenizer, rows, encoded, arm.seq_len, device,
                                          )
         if arm.stage03:
-            out["stage03"] = stage03(loaded, shared, config, tokenizer, rows, encoded, arm.seq_len, device)
+            out["stage03"] = stage03(loaded, shared, config, tokenizer, rows, encoded, arm.seq_len, device, fraction)
     values = out["fit_and_memory"].pop("losses") + out["speed"].pop("losses")
     values += out.get("stage03", {}).pop("values", [])
     out["nonfinite"] = sum(1 for v in values if not math.isfinite(v))
