@@ -1,179 +1,182 @@
-"""One prepared GPU check: the decisions, memory estimate, throughput and packing check of labkit on a real GPU.
+"""The first-GPU acceptance check: labkit's single-GPU path, end to end, on one CUDA GPU in under 6 minutes.
 
-On one CUDA (or ROCm) GPU, in under 8 minutes, with the quickstart model when it is in the cache, else a Llama
-built on the fly (12 layers, hidden 1024; the tiny tokenizer), all at the device profile's precision (bf16 where
-native, else fp16):
+No model hub: tiny:phi, tiny:mistral (labkit/model/tiny.py) and a random Llama 3.2-1B-shaped model (128,256-row
+vocabulary) built from a config on the fly (bench/gpu_checks/models.py). Every arm trains the DialogSum cards' QLoRA
+recipe (NF4, `paged_adamw_8bit`) on labkit's built-in dialogues:
 
-- the device profile and `labkit.model.placement.decide`'s choices for the packed card;
-- a LoRA and a QLoRA training step: the memory estimate (`labkit.preflight.memory.estimate_step`) against
-  `torch.cuda.max_memory_allocated` (target: within 10 %), and seconds per step;
-- tokens/s of labkit's packed path against the padded-to-max-length and the dynamic-padding recipes of
-  `bench/throughput.py` (targets 2× and 1.5×);
-- the packed-vs-alone loss check at the dtype's tolerance.
+- arms: both tiny models in bf16 and forced fp16, the Llama in bf16 with and without activation checkpointing and in
+  fp16; on each, the fit verdict (`labkit.preflight.sizing.fit_verdict`) against `torch.cuda.mem_get_info`, a
+  measured step (`labkit.preflight.measure.measure_step`: `max_memory_allocated`) against the estimate
+  (`labkit.preflight.memory.estimate_step`) and `max_memory_reserved` against the verdict's need, tokens/s after
+  warm-up steps, and stage 03's update, accumulation and checkpointing checks (`labkit.preflight.stepchecks`);
+- generation: one batch of the evaluation procedure on the Llama loaded in 4 bits (bitsandbytes), logits finite;
+- export: a small completed run, exported with merged/, its reload check on the first evaluation batch;
+- packing: the packed-vs-alone check on the path the placement chooses for a packed card.
 
-Prints one JSON object. Without a GPU it says it needs CUDA, prints {"skipped": …} and exits 0;
-`--cpu-dry-run` runs every part on the CPU with a small model and one step (to check the script, not the GPU).
+Targets (a miss exits 1): every part runs; on the Llama arms the estimated peak within 10 % of the measured
+`max_memory_allocated` peak and `max_memory_reserved` within the fit verdict's need; the verdict says the step fits;
+every stage 03 check passes (a one-line refusal of a configuration, e.g. Phi in fp16, counts as an answer); generation
+answers every row and its logits are finite (a random model's answers may be blank: it repeats a token); the export's
+reload check passes; no loss, gradient norm or logit checked is non-finite. Tiny models' steps are a few MiB, below
+what fixed allocations let an estimate resolve: their memory is reported, not judged. Prints one JSON object on
+stdout (progress and library output go to stderr).
 
-Run: .venv/bin/python bench/gpu_check.py [--steps 6] [--seq-len 512] [--cpu-dry-run]
+Without CUDA it prints one line and exits 2, before anything heavy. `--cpu-dry-run` runs the same list on the CPU,
+sized down (the Llama keeps its structure and vocabulary, 2 narrow layers): float32 in place of bf16, the fp16 arms
+skipped and named (labkit refuses fp16 and bf16 training precision on the CPU); memory is measured as stage 03 does
+on the CPU (peak resident memory) and reported, not judged. It checks the script, not a GPU (the suite runs it).
+
+Run: python bench/gpu_check.py [--cpu-dry-run] [--only NAME ...] [--skip NAME ...]   (bench/gpu_setup.sh installs)
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-CARD = REPO / "params" / "examples" / "ticket-packed.yaml"
-
-
-def _model_source(card, small: bool) -> tuple[str, str]:
-    """The quickstart model when the cache has it, else a Llama built here (returns source, what)."""
-    from labkit.model.sources import resolve
-
-    if not small:
-        try:
-            resolve(card.model.source, card.model.revision, base=CARD.parent)
-            return card.model.source, "quickstart SmolLM2-135M-Instruct"
-        except Exception:  # noqa: BLE001 — not cached and no network: build one
-            pass
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    tiny = resolve("tiny:llama")
-    tokenizer = AutoTokenizer.from_pretrained(tiny.location)
-    size = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2) if small else dict(hidden_size=1024, intermediate_size=2816,
-                                                          num_hidden_layers=12, num_attention_heads=16,
-                                                          num_key_value_heads=4)
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=2048, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **size)
-    folder = Path(tempfile.mkdtemp(prefix="labkit-gpu-check-")) / "model"
-    LlamaForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder), f"Llama built on the fly ({size['num_hidden_layers']} layers, hidden {size['hidden_size']})"
+BENCH = Path(__file__).resolve().parent
+MEMORY_TOLERANCE = 0.10  # the estimated peak against max_memory_allocated's
+NO_CUDA = 2  # exit status without a CUDA GPU (and without --cpu-dry-run); 1: a target missed
 
 
-def _memory(card, source, tokenizer, rows, seq_len: int, device: str, kind: str) -> dict:
-    """One method's measured step against the estimate."""
-    import torch
-    from transformers import AutoConfig
+def _run(name: str, results: dict[str, Any], part: Any, *args: Any) -> None:
+    """Run one part; a crash (out of memory included) is recorded as the part's error, and the next part runs."""
+    print(f"gpu_check: {name} …", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    try:
+        results[name] = part(*args)
+    except Exception as exc:  # noqa: BLE001 — every failure is a finding of the check, reported in the JSON
+        traceback.print_exc(file=sys.stderr)
+        results[name] = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                         "seconds": round(time.perf_counter() - start, 1)}
+    finally:
+        import torch
 
-    from labkit.model.loading import load_model
-    from labkit.model.method import apply_method
-    from labkit.model.sources import resolve
-    from labkit.preflight.measure import measure_step
-    from labkit.preflight.memory import estimate_step
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
-    data = card.model_dump()
-    data["method"] = {"kind": kind, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
-    data["train"]["packing"] = False
-    card = type(card).model_validate(data)
-    resolved = resolve(source)
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-    model = apply_method(load_model(resolved, card, device), card)
-    weights = torch.cuda.memory_allocated() if device == "cuda" else None
-    with contextlib.redirect_stdout(sys.stderr):
-        got = measure_step(card, model, tokenizer, rows, seq_len, Path(tempfile.mkdtemp()), device=device)
-    est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, seq_len, device=device)
-    measured = got["memory"]["delta_bytes"]
-    out = {"method": kind, "seq_len": seq_len, "micro_batch": card.train.micro_batch,
-           "estimate_step_bytes": est["step_bytes"], "measured_step_bytes": measured, "measured_by": got["memory"]["method"],
-           "step_error": abs(est["step_bytes"] - measured) / measured if measured else None,
-           "seconds_per_step": got["seconds_per_step"], "dtype": est["dtype"]}
-    if weights is not None:
-        out.update(estimate_weights_bytes=est["weights_bytes"], measured_weights_bytes=weights,
-                   peak_error=abs(est["peak_bytes"] - (weights + measured)) / (weights + measured))
-    del model
+
+def arm_misses(arm: dict[str, Any], judged: bool) -> list[str]:
+    """What an arm's JSON misses (see the module docstring's targets).
+
+    Args:
+        arm: one arm's result.
+        judged: the memory targets apply (the Llama arms on a GPU).
+    Returns:
+        one line per miss.
+    """
+    name = arm.get("arm", "?")
+    if "error" in arm:
+        return [f"{name}: {arm['error']}"]
+    if "refused" in arm:
+        return [] if any(w in arm["refused"] for w in ("bf16", "bfloat16", "fp32", "float32")) else [
+            f"{name}: refused without naming bf16 or fp32: {arm['refused']}"]
+    out, fit = [], arm["fit_and_memory"]
+    if not fit["verdict"]["fits"]:
+        out.append(f"{name}: the fit verdict says it does not fit: {fit['verdict']['message']}")
+    if judged:
+        if fit["peak_error"] is None or abs(fit["peak_error"]) > MEMORY_TOLERANCE:
+            out.append(f"{name}: estimated peak off by {fit['peak_error']} of max_memory_allocated's (tolerance "
+                       f"{MEMORY_TOLERANCE:.0%})")
+        if not fit.get("reserved_within_verdict", True):
+            out.append(f"{name}: max_memory_reserved {fit['reserved_peak_bytes'] / 2**30:.2f} GiB above the "
+                       f"verdict's need {fit['verdict']['needed_bytes'] / 2**30:.2f} GiB")
+    for check, found in arm.get("stage03", {}).items():
+        if not found.get("ok"):
+            out.append(f"{name}: stage 03 {check} check failed: {found.get('problems') or found}")
+        elif found.get("nonfinite"):
+            out.append(f"{name}: stage 03 {check} check found non-finite values: {found['nonfinite']}")
+        elif found.get("skipped") and judged:  # an H100/H200 has the memory for every arm of these models
+            out.append(f"{name}: stage 03 {check} check not measured: {found['skipped']}")
+    if arm.get("nonfinite"):
+        out.append(f"{name}: {arm['nonfinite']} non-finite losses or gradient norms")
+    if not (arm["speed"].get("tokens_per_second") or 0) > 0:
+        out.append(f"{name}: no tokens/s measured")
     return out
 
 
-def _throughput(card, source, tokenizer, rows, steps: int, device: str) -> dict:
-    """Tokens/s of labkit's packed path against the padded and the dynamic-padding recipes (one round each)."""
-    from throughput import _Counting, _PadToMax
-    from trl import SFTTrainer
-
-    from labkit.card.update import updated
-    from labkit.model.loading import load_model
-    from labkit.model.method import apply_method
-    from labkit.model.sources import resolve
-    from labkit.train.trainer import build_trainer
-
-    out = {}
-    for recipe in ("labkit", "padded", "dynamic"):
-        c = card
-        if recipe != "labkit":
-            c = updated(card, {"train.packing": False, "train.micro_batch": 4 if recipe == "padded" else 2,
-                               "train.grad_accum": 1 if recipe == "padded" else 4})
-        model = apply_method(load_model(resolve(source), c, device), c)
-        trainer = build_trainer(c, model, tokenizer, rows, Path(tempfile.mkdtemp()), device=device, max_steps=steps,
-                                logging_steps=steps, disable_tqdm=True)
-        if recipe != "labkit":
-            trainer.compute_loss = SFTTrainer.compute_loss.__get__(trainer)
-        if recipe == "padded":
-            trainer.data_collator = _PadToMax(tokenizer.pad_token_id, c.data.max_length)
-        counter = _Counting(trainer.data_collator)
-        counter.attach(trainer)
-        start = time.perf_counter()
-        with contextlib.redirect_stdout(sys.stderr):
-            trainer.train()
-        out[recipe] = counter.tokens / (time.perf_counter() - start)
-        del model, trainer
-    return {"tokens_per_second": out, "ratio_vs_padded": out["labkit"] / out["padded"],
-            "ratio_vs_dynamic": out["labkit"] / out["dynamic"], "targets": {"vs_padded": 2.0, "vs_dynamic": 1.5}}
+def misses(results: dict[str, Any], cuda: bool) -> list[str]:
+    """Every target the results miss (one line each)."""
+    out = []
+    for arm in results.get("arms", []):
+        out += arm_misses(arm, cuda and arm.get("memory_target", False))
+    for name in ("generation", "export", "packing"):
+        part = results.get(name)
+        if part is None:
+            continue
+        if "error" in part:
+            out.append(f"{name}: {part['error']}")
+        elif name == "generation" and not (part["logits_finite"] and part["answers"] == part["rows"]):
+            out.append(f"generation: logits finite {part['logits_finite']}, {part['answers']} answers for "
+                       f"{part['rows']} rows")
+        elif name == "export" and not (part["ok"] and not part["nonfinite"]):
+            out.append(f"export: {part['export_error'] or 'reload check failed'} ({part['nonfinite']} non-finite)")
+        elif name == "packing" and not part["ok"]:
+            out.append(f"packing: packed and alone losses differ by {part['max_difference']:.2e} "
+                       f"(tolerance {part['tolerance']:.0e})")
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=6, help="optimiser steps per throughput recipe")
-    parser.add_argument("--seq-len", type=int, default=512, help="tokens per row of the memory check")
-    parser.add_argument("--cpu-dry-run", action="store_true", help="run every part on the CPU, small and short")
+    parser.add_argument("--cpu-dry-run", action="store_true", help="the same list on the CPU, sized down (checks the "
+                        "script, not a GPU)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these parts (arm names, generation, export, "
+                        "packing)")
+    parser.add_argument("--skip", nargs="*", default=[], help="parts to leave out")
     args = parser.parse_args()
     import torch
 
-    if not torch.cuda.is_available() and not args.cpu_dry_run:
-        print("gpu_check: needs a CUDA (or ROCm) GPU; none is visible here (--cpu-dry-run checks the script on the "
-              "CPU)", file=sys.stderr)
-        print(json.dumps({"benchmark": "gpu_check", "skipped": "needs a CUDA GPU"}))
-        return 0
-    from labkit.card.load import load_card
-    from labkit.card.update import updated
+    cuda = torch.cuda.is_available() and not args.cpu_dry_run
+    if not cuda and not args.cpu_dry_run:
+        print(f"gpu_check: no CUDA GPU is visible (torch {torch.__version__}, CUDA {torch.version.cuda}): run it on a "
+              "CUDA machine after bench/gpu_setup.sh, or --cpu-dry-run to check the script on the CPU", file=sys.stderr)
+        return NO_CUDA
+    for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):  # no model hub, ever
+        os.environ[key] = "1"
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.path.insert(0, str(BENCH))
+    from gpu_checks.export import export_check
+    from gpu_checks.inference import generation, packing
+    from gpu_checks.models import arms, build_llama, sources
+    from gpu_checks.training import run_arm
+
     from labkit.core.device import capture
-    from labkit.data import sources as D
-    from labkit.data.prompting import encode_rows
-    from labkit.model.loading import load_model, load_tokenizer
-    from labkit.model.placement import decide
-    from labkit.model.sources import resolve
-    from labkit.train.packing import isolation_check
 
     start = time.perf_counter()
-    device = "cpu" if args.cpu_dry_run else "cuda"
-    steps, seq_len = (1, 64) if args.cpu_dry_run else (args.steps, args.seq_len)
-    card = load_card(CARD).card
-    source, what = _model_source(card, small=args.cpu_dry_run)
-    card = updated(card, {"model.source": source, "model.revision": None, "model.dtype": "auto", "train.precision": "auto"})
-    profile = capture(device)
-    made = decide(card, profile, world_size=1)
-    tokenizer = load_tokenizer(resolve(source), card)
-    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
-    train, held = rows[:-8], rows[-8:]
-    memory = [_memory(card, source, tokenizer, train, seq_len, device, kind) for kind in ("lora", "qlora")]
-    speed = _throughput(card, source, tokenizer, train[: 64 if args.cpu_dry_run else None], steps, device)
-    model = load_model(resolve(source), card, device)
-    examples = [{"input_ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, card, held)]
-    packing = isolation_check(model, examples, card.data.max_length)
-    packing.pop("per_example")
-    print(json.dumps({"benchmark": "gpu_check", "device": profile.as_dict(), "model": what, "decisions": made.as_dict(),
-                      "memory": memory, "throughput": speed, "packing_check": packing,
-                      "memory_target": "estimate within 10 % of max_memory_allocated",
-                      "seconds": time.perf_counter() - start, "cpu_dry_run": args.cpu_dry_run}, indent=1))
-    return 0
+    device = "cuda" if cuda else "cpu"
+    wanted = (lambda name: (args.only is None or name in args.only) and name not in args.skip)
+    listed, skipped = arms(cuda)
+    llama = build_llama(Path(tempfile.mkdtemp(prefix="labkit-gpu-llama-")) / "model", cuda)
+    where = sources(Path(llama["folder"]))
+    results: dict[str, Any] = {"arms": []}
+    for arm in (a for a in listed if wanted(a.name)):
+        found: dict[str, Any] = {}
+        _run(arm.name, found, run_arm, arm, where[arm.model], device)
+        results["arms"].append({"arm": arm.name, "memory_target": arm.memory_target, **found[arm.name]})
+    wide = "bf16" if cuda else "fp32"
+    for name, part in (("generation", generation), ("export", export_check), ("packing", packing)):
+        if wanted(name):
+            _run(name, results, part, where["llama"], device, wide)
+    found_misses = misses(results, cuda)
+    report = {"benchmark": "gpu_check", "ok": not found_misses, "misses": found_misses, "cpu_dry_run": not cuda,
+              "device": capture(device).as_dict(), "torch": torch.__version__, "llama": llama, **results,
+              "skipped": skipped + [{"part": n, "reason": "--only / --skip"} for n in
+                                    [a.name for a in listed] + ["generation", "export", "packing"] if not wanted(n)],
+              "targets": {"memory": f"Llama arms on CUDA: estimated peak within {MEMORY_TOLERANCE:.0%} of "
+                                    "max_memory_allocated's, max_memory_reserved within the fit verdict's need",
+                          "checks": "fit verdict fits; stage 03 update, accumulation, checkpointing pass; generation, "
+                                    "export reload check and packing check pass", "finite": "no non-finite value"},
+              "seconds": round(time.perf_counter() - start, 1)}
+    print(json.dumps(report, indent=1, default=str))
+    return 0 if report["ok"] else 1
 
 
 if __name__ == "__main__":
