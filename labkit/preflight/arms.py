@@ -9,6 +9,10 @@
 - `run_arm`: `one_update` costed first by the memory estimate against the device's free memory; an arm that would
   not fit, or that runs out of memory, is "not measurable on this device" instead of an error.
 
+Dropout is off in every arm (`no_dropout`): the arms of a comparison draw their random masks over different
+batch shapes and orders, so with dropout on (LoRA's `lora_dropout`, a model's residual dropout) they could never
+agree; what is compared is the arithmetic of accumulation and checkpointing, not the masks.
+
 Skipped steps: accelerate's `optimizer_step_was_skipped` misses a skip by a fused optimizer (the default
 `adamw_torch_fused`: `GradScaler.step` hands it `found_inf` and the optimizer skips inside its own `step`), so a
 step counts as skipped when accelerate says so, when the scaler lowered its scale, or when it holds inf/NaN
@@ -20,8 +24,9 @@ from __future__ import annotations
 import gc
 import math
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from accelerate.optimizer import AcceleratedOptimizer
@@ -135,6 +140,28 @@ class StepRecord(TrainerCallback):
         return out
 
 
+@contextmanager
+def no_dropout(model: Any) -> Iterator[int]:
+    """Dropout off inside the block (every dropout module's p and float `attention_dropout` set to 0), restored after.
+
+    Yields:
+        how many dropout settings were non-zero (and are off inside the block).
+    """
+    saved: list[tuple[Any, str, float]] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            saved.append((module, "p", module.p))
+        elif isinstance(getattr(module, "attention_dropout", None), float):
+            saved.append((module, "attention_dropout", module.attention_dropout))
+    for module, name, _ in saved:
+        setattr(module, name, 0.0)
+    try:
+        yield sum(1 for _, _, value in saved if value)
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
 def one_update(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any, device: str,
                measure: bool = False, **overrides: Any) -> dict[str, Any]:
     """One optimiser step really taken by the stage-04 trainer: the gradients before it (unscaled) and its loss.
@@ -150,7 +177,7 @@ def one_update(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: 
                             max_steps=1 + SCALER_SKIPS, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
                             max_grad_norm=0.0, train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
     record = StepRecord(trainer, steps=1, keep_grads=True)
-    with PeakMemory(device) as peak:
+    with no_dropout(model), PeakMemory(device) as peak:
         trainer.train()
     taken = [s for s in record.steps_run if not s["skipped"]]
     loss = (taken or record.steps_run or [{"loss": float("nan")}])[-1]["loss"]

@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, smoke_rows
 
 from labkit.card.load import load_card
@@ -15,6 +16,7 @@ from labkit.card.update import updated
 from labkit.card.schema import Full, Lora, Qlora
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
+from labkit.preflight.arms import no_dropout
 from labkit.preflight.stepchecks import (
     accumulation_check,
     checkpointing_check,
@@ -110,6 +112,20 @@ def test_accumulation_matches_the_whole_batch(card, tiny_model, rows) -> None:
     assert result["ok"], result
     assert result["relative_difference"] < 1e-5
     assert len(set(result["tokens_per_micro_batch"])) > 1  # unequal micro-batches: the case that exposes the bug
+
+
+def test_accumulation_and_checkpointing_agree_with_lora_dropout(card, tiny_model, rows) -> None:
+    # the shipped GPU cards train with lora dropout 0.05: the arms' masks differ, so the checks run with dropout off
+    card = updated(card, {"method.dropout": 0.1})
+    tokenizer = load_tokenizer(tiny_model, card)
+    model = _factory(card, tiny_model)()
+    with no_dropout(model) as off:
+        assert off > 0 and all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert any(m.p == 0.1 for m in model.modules() if isinstance(m, torch.nn.Dropout))  # restored after the block
+    result = accumulation_check(card, _factory(card, tiny_model), tokenizer, rows, micro_batch=2, accum=3)
+    assert result["ok"] and result["relative_difference"] < 1e-5, result
+    ckpt = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=64, config=model.config)
+    assert ckpt["ok"] and ckpt["relative_difference"] < 1e-5, ckpt
 
 
 def test_accumulation_fails_on_micro_batch_mean_normalisation(card, tiny_model, rows) -> None:
