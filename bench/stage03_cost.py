@@ -8,7 +8,11 @@ ratio (old / new, medians), and the findings side by side: update, accumulation 
 estimate's errors against the measurement, the fit verdict, the time plan.
 
 Run: .venv/bin/python bench/stage03_cost.py [--cards params/quickstart.yaml params/examples/ticket-packed.yaml]
-     [--base 51f0d56] [--repeats 1] [--prepared RUN …]
+     [--base 51f0d56] [--repeats 1] [--prepared RUN …] [--base-cache DIR]
+
+The base commit reads its model cache in its own format: when this checkout has rewritten the shared cache's
+records (e.g. the GGUF's .sha256 sidecar as JSON), give the base runs a cache of their own with --base-cache
+(LABKIT_CACHE for the base runs only; a copy of the cache with the records as the base writes them).
 """
 
 from __future__ import annotations
@@ -39,9 +43,11 @@ def checkout(commit: str, into: Path) -> Path:
     return into
 
 
-def labkit(tree: Path, runs: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
-    """`python -m labkit ARGS` with `tree`'s labkit first on the path; (wall seconds, process)."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "LABKIT_RUNS": str(runs), "LABKIT_REPORT": "0"}
+def labkit(tree: Path, runs: Path, *args: str, cache: str | None = None) -> tuple[float, subprocess.CompletedProcess]:
+    """`python -m labkit ARGS` with `tree`'s labkit first on the path (and LABKIT_CACHE=`cache` when given);
+    (wall seconds, process)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "LABKIT_RUNS": str(runs), "LABKIT_REPORT": "0",
+           **({"LABKIT_CACHE": cache} if cache else {})}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "labkit", *args, "--notebooks", str(tree / "notebooks")], cwd=tree,
                           env=env, capture_output=True, text=True)
@@ -78,15 +84,17 @@ def findings(run: Path) -> dict:
             "stage_seconds": summary["seconds"], "check_seconds": summary.get("check_seconds")}
 
 
-def stage03(tree: Path, card: str, prepared: Path, scratch: Path, label: str) -> dict:
+def stage03(tree: Path, card: str, prepared: Path, scratch: Path, label: str, cache: str | None = None) -> dict:
     """Stage 03 of `tree` on a copy of the prepared run; wall seconds and findings."""
     runs = scratch / label
     copy = runs / prepared.parent.name / prepared.name
     shutil.copytree(prepared.parent, copy.parent)  # the experiment folder: the run and its cached baseline
-    wall, proc = labkit(tree, runs, "stage", "parameter_check", card, "--run", str(copy))
+    load = os.getloadavg()[0]  # the machine's 1-minute load average as the stage starts (2 cores: >2 is contended)
+    wall, proc = labkit(tree, runs, "stage", "parameter_check", card, "--run", str(copy), cache=cache)
     if proc.returncode != 0:
-        return {"error": (proc.stderr or proc.stdout)[-1500:], "wall_seconds": round(wall, 1)}
-    return {"wall_seconds": round(wall, 1), **findings(copy)}
+        return {"error": (proc.stderr or proc.stdout)[-1500:], "wall_seconds": round(wall, 1), "load_at_start": load}
+    return {"wall_seconds": round(wall, 1), "load_at_start": round(load, 1),
+            "load_at_end": round(os.getloadavg()[0], 1), **findings(copy)}
 
 
 def same(old: dict, new: dict) -> dict:
@@ -106,6 +114,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="old/new pairs per card")
     parser.add_argument("--prepared", nargs="*", default=[], metavar="RUN",
                         help="run folders with stages 01-02 done, one per card in --cards order (skips preparing)")
+    parser.add_argument("--base-cache", default=None, metavar="DIR", help="LABKIT_CACHE for the base commit's runs")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     results = []
@@ -116,7 +125,7 @@ def main() -> None:
                 prepare(card, Path(tmp) / "prepared" / Path(card).stem)
             pairs = []
             for r in range(args.repeats):
-                old = stage03(base, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{r}")
+                old = stage03(base, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{r}", args.base_cache)
                 new = stage03(REPO, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"new-{r}")
                 pairs.append((old, new))
             ok = [(o, n) for o, n in pairs if "error" not in o and "error" not in n]

@@ -175,7 +175,8 @@ def generation(stage: Stage, checks: Checks) -> dict[str, Any]:
 
 
 def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> MemoryReport:
-    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`).
+    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`): one trainer
+    runs every length's memory steps, then the timed steps and one evaluation batch (`measure_lengths`).
 
     Args:
         stage: stage 03's context.
