@@ -128,6 +128,15 @@ def test_accumulation_and_checkpointing_agree_with_lora_dropout(card, tiny_model
     assert ckpt["ok"] and ckpt["relative_difference"] < 1e-5, ckpt
 
 
+def test_qlora_accumulation_on_cpu_passes_at_the_16_bit_tolerance(card, tiny_model, rows) -> None:
+    # bitsandbytes' 4-bit layers differ by ~3e-3 between two batchings even with a float32 compute dtype: the
+    # float32 tolerance (1e-4) failed every healthy QLoRA run on the CPU
+    card = updated(card, {"method.kind": "qlora"})
+    tokenizer = load_tokenizer(tiny_model, card)
+    result = accumulation_check(card, _factory(card, tiny_model), tokenizer, rows, micro_batch=2, accum=3)
+    assert result["ok"] and result["tolerance"] == 2e-2 and 1e-4 < result["relative_difference"] < 2e-2, result
+
+
 def test_accumulation_fails_on_micro_batch_mean_normalisation(card, tiny_model, rows) -> None:
     card = updated(card, {"train.loss_normalisation": "micro_batch_mean"})
     tokenizer = load_tokenizer(tiny_model, card)
