@@ -277,7 +277,7 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
         timed.add_callback(timer)
         timed.train()
         if eval_rows and card.train.trainer == "sft":
-            evaluation = time_evaluation(timed)
+            evaluation = _time_evaluation(timed)
     finally:
         if device.split(":")[0] != "cuda":
             release_promptly()
@@ -286,14 +286,8 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
             "memory_pass_seconds": memory_timer.seconds, "loss": loss, **evaluation}
 
 
-def time_evaluation(trainer: Any) -> dict[str, Any]:
-    """One `trainer.evaluate()` over its evaluation set: the seconds and the padded tokens it processed.
-
-    Args:
-        trainer: a trainer built with an evaluation set.
-    Returns:
-        {"eval_seconds", "eval_tokens"} (tokens: rows × longest row, per evaluation batch).
-    """
+def _time_evaluation(trainer: Any) -> dict[str, Any]:
+    """One `trainer.evaluate()` over its evaluation set: the seconds and the padded tokens it processed."""
     lengths = [len(ids) for ids in trainer.eval_dataset["input_ids"]]
     batch = trainer.args.per_device_eval_batch_size
     tokens = sum(len(lengths[i:i + batch]) * max(lengths[i:i + batch]) for i in range(0, len(lengths), batch))

@@ -1,8 +1,7 @@
 """Stage 03's memory check: a real step measured at each representative length, set against the estimate.
 
-`measure_lengths` runs every length in one trainer on the shared model (`labkit.preflight.shared.SharedModel`),
-its memory first, then its time (`StepPlan`); `measure` (one length, one `labkit.preflight.measure.measure_step`)
-stays for callers that measure a single length; `compare` sets the measurement against the estimate.
+`labkit.preflight.measure.measure_step` measures; this module runs it on the shared model
+(`labkit.preflight.shared.SharedModel`) at stage 03's lengths, once per distinct length, and compares.
 """
 
 from __future__ import annotations
@@ -11,16 +10,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, TypedDict
 
-import datasets
-from transformers import TrainerCallback
-
 from labkit.card.schema import Card
-from labkit.preflight.measure import PeakMemory, fast_allocator, fixed_length_dataset, measure_step, release_promptly
-from labkit.preflight.measure import time_evaluation, touch_weights
+from labkit.preflight.measure import measure_step
 from labkit.preflight.memory import GIB
 from labkit.preflight.records import MemoryEstimate
-from labkit.train.callbacks import StepTimer
-from labkit.train.trainer import build_trainer
 
 
 class MemoryReport(TypedDict, total=False):
@@ -98,124 +91,26 @@ def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> 
     return rows
 
 
-def step_plan(lengths: list[int], steps: int = 2) -> list[tuple[str, int]]:
-    """The optimiser steps of `measure_lengths`' one trainer, in order: ("memory" | "time", tokens per example).
-
-    Memory first, shortest length first: `steps` steps at the shortest (the first allocates the optimiser states,
-    the second runs with them: the steady state), then one steady step at each longer length. Then the time,
-    longest first: `steps` steps at the longest (the first grows the heap under the training allocator, the last is
-    the steady step), then one steady step at each shorter length, which the longer steps' heap already holds.
-
-    Args:
-        lengths: the lengths to measure (repeats are measured once).
-        steps: steps of the first length of each phase.
-    Returns:
-        one (phase, length) per optimiser step.
-    """
-    ascending = sorted(set(lengths))
-    memory = [("memory", ascending[0])] * steps + [("memory", n) for n in ascending[1:]]
-    time_ = [("time", ascending[-1])] * steps + [("time", n) for n in ascending[-2::-1]]
-    return memory + time_
-
-
-class _Phases(TrainerCallback):
-    """Ends each length's memory window after its last memory step and opens the next; after the last memory step,
-    switches glibc to the training allocator (`fast_allocator`) for the timed steps.
-
-    Every window's peak is taken against the baseline read before the first step (the weights alone), so a
-    later length's step, run with the optimiser states already allocated, reads as the steady step of a fresh
-    trainer at that length would.
-    """
-
-    def __init__(self, plan: list[tuple[str, int]], device: str) -> None:
-        self.plan, self.device = plan, device
-        self.peaks: dict[int, PeakMemory] = {}
-        self.window = PeakMemory(device)
-        self.baseline = 0
-
-    def open(self) -> None:
-        """The first window, entered before the trainer runs (its baseline is every window's)."""
-        self.window.__enter__()
-        self.baseline = self.window.baseline
-
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-        done = state.global_step
-        phase, length = self.plan[done - 1]
-        following = self.plan[done] if done < len(self.plan) else ("end", 0)
-        if phase != "memory" or following == (phase, length):
-            return
-        self.window.__exit__(None, None, None)
-        self.peaks[length] = self.window
-        if following[0] == "memory":
-            self.window = PeakMemory(self.device)
-            self.window.__enter__()
-        elif self.device.split(":")[0] != "cuda":
-            fast_allocator()
-
-    def memory(self, length: int) -> dict[str, Any]:
-        """The window of `length` as `PeakMemory.as_dict`, its baseline and delta against the first window's."""
-        peak = self.peaks[length]
-        return {"method": peak.method, "baseline_bytes": self.baseline, "peak_bytes": peak.peak,
-                "delta_bytes": max(0, peak.peak - self.baseline)}
-
-
 def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
                     encoded: list[Any] | None, lengths: dict[str, int], estimates: list[MemoryEstimate],
-                    device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None, steps: int = 2) -> MemoryReport:
-    """Real steps of one stage-04 trainer at each of stage 03's lengths, measured, then timed, against the estimates.
+                    device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None) -> MemoryReport:
+    """`measure` at each of stage 03's lengths, against the estimates.
 
-    One trainer runs `step_plan`: every length's memory (under `release_promptly`, exact figures) before any step
-    runs under the training allocator, so no measurement reads the heap a timed step left behind; then the timed
-    steps (`fast_allocator`, as training runs), then one evaluation of `eval_rows` (sft). Two equal lengths (a
-    packed card's p95 and max are often both max_length) are one measurement, recorded for both.
+    Two equal lengths (a packed card's p95 and max are often both max_length) are one measurement, recorded for
+    both; the evaluation batch (the same rows whatever the training length) is timed once, with the first length.
 
     Args:
         card, make_model, tokenizer, rows, encoded, device: as for `measure`.
         lengths: {"p95": tokens, "max": tokens}.
         estimates: the estimate at each length, in the same order.
-        eval_rows: one evaluation batch of validation rows, timed once.
-        steps: steps of the first length of each phase.
+        eval_rows: one evaluation batch of validation rows.
     Returns:
-        {"lengths", "estimates", "measured", "comparison"}; each measurement as `measure` gives it
-        ("step_seconds": the length's timed steps, "memory_pass_seconds": its memory steps).
+        {"lengths", "estimates", "measured", "comparison"}.
     """
-    model = make_model()
-    weights = loaded_bytes(model)
-    t = card.train
-    micro, accum = t.micro_batch, t.grad_accum
-    plan = step_plan(list(lengths.values()), steps)
-    parts = [fixed_length_dataset(tokenizer, card, rows, n, micro * accum * plan.count((phase, n)), encoded=encoded)
-             for phase, n in dict.fromkeys(plan)]
-    sft = t.trainer == "sft"
-    trainer = build_trainer(card, model, tokenizer, datasets.concatenate_datasets(parts),
-                            Path(tempfile.mkdtemp(prefix="labkit-mem-")), device=device,
-                            eval_rows=(eval_rows or None) if sft else None, eval_strategy="no", max_steps=len(plan),
-                            lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, disable_tqdm=True,
-                            train_sampling_strategy="sequential")
-    timer, phases = StepTimer(), _Phases(plan, device)
-    trainer.add_callback(timer)
-    trainer.add_callback(phases)
-    touch_weights(model)
-    try:
-        phases.open()
-        trainer.train()
-        evaluation = time_evaluation(trainer) if eval_rows and sft else {"eval_seconds": None, "eval_tokens": None}
-    finally:
-        if device.split(":")[0] != "cuda":
-            release_promptly()
-    losses = {e["step"]: e["loss"] for e in trainer.state.log_history if "loss" in e}
-    del trainer
     done: dict[int, dict[str, Any]] = {}
-    for n in dict.fromkeys(lengths.values()):
-        at = {phase: [i for i, p in enumerate(plan) if p == (phase, n)] for phase in ("memory", "time")}
-        timed = [timer.seconds[i] for i in at["time"]]
-        done[n] = {"seq_len": n, "micro_batch": micro, "grad_accum": accum, "memory": phases.memory(n),
-                   "step_seconds": timed, "seconds_per_step": timed[-1] if timed else None,
-                   "memory_pass_seconds": [timer.seconds[i] for i in at["memory"]],
-                   "loss": [losses[i + 1] for i in at["memory"] if i + 1 in losses],
-                   **(evaluation if not done else {"eval_seconds": None, "eval_tokens": None}),
-                   "weights_bytes": weights}
-        done[n]["peak_bytes"] = weights + done[n]["memory"]["delta_bytes"]
+    for n in lengths.values():
+        if n not in done:
+            done[n] = measure(card, make_model, tokenizer, rows, n, device, eval_rows=None if done else eval_rows,
+                              encoded=encoded)
     measured = [done[n] for n in lengths.values()]
     return {"lengths": lengths, "estimates": estimates, "measured": measured, "comparison": compare(estimates, measured)}
-

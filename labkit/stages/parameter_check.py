@@ -154,7 +154,7 @@ def update(stage: Stage, checks: Checks) -> UpdateCheck:
         rows = checks.train_rows[: card.train.micro_batch * card.train.grad_accum * 2]
         trainer = build_trainer(card, checks.model(), stage.tokenizer, rows, Path(tempfile.mkdtemp(prefix="labkit-check-")),
                                 device=stage.device, max_steps=2 + SCALER_SKIPS, lr_scheduler_type="constant",
-                                warmup_steps=0, logging_steps=1)
+                                warmup_steps=0, logging_steps=1, disable_tqdm=True)  # no bar: it stops after 2 steps taken
         checks.update = stepchecks.update_check(trainer, card, steps=2)
         del trainer
     stage.save_json(UPDATE_FILE, checks.update)
@@ -175,8 +175,7 @@ def generation(stage: Stage, checks: Checks) -> dict[str, Any]:
 
 
 def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> MemoryReport:
-    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`): one trainer
-    runs every length's memory steps, then the timed steps and one evaluation batch (`measure_lengths`).
+    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`).
 
     Args:
         stage: stage 03's context.
