@@ -233,6 +233,10 @@ def test_generation_leaves_training_undisturbed(tiny_model, tmp_path: Path) -> N
 
 # ---------------------------------------------------------------------------------------------- the card
 def _load(tmp_path: Path, **sections: dict) -> object:
+    """A child of the smoke card; with early stopping it drops the smoke card's save_steps, which early stopping
+    would override (labkit.card.consistency refuses it)."""
+    if "early_stopping" in sections.get("train", {}):
+        sections = {**sections, "train": {"save_steps": None, **sections["train"]}}
     path = tmp_path / "card.yaml"
     path.write_text(yaml.safe_dump({"parent": str(REPO / "params" / "smoke.yaml"), **sections}))
     return load_card(path)

@@ -26,7 +26,7 @@ def _cards(tmp: Path, repo: Path) -> tuple[Path, Path]:
                        "hypothesis": "A tiny random Llama answers the ticket category (a plumbing check of label scoring).",
                        "target": {"behaviour": "classification", "primary_metric": "accuracy", "min_improvement": 0.0},
                        "guardrails": [{"metric": "per_category_f1", "max_drop": 1.0}]},
-        "data": {"fields": {"target": "category"}, "target_format": {"kind": "label"},
+        "data": {"fields": {"target": "category"}, "target_format": {"kind": "label", "required_keys": []},
                  "prompt": {"system": "Reply with the ticket's category only."}},
         "eval": {"max_new_tokens": 6}}))
     variant = tmp / "labels-r8.yaml"
