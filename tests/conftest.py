@@ -105,3 +105,17 @@ def smoke_rows(n: int = 24) -> list[dict]:
 
     card = load_card(REPO / "params" / "smoke.yaml").card
     return [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:n]
+
+
+@pytest.fixture
+def card():
+    """The smoke card (params/smoke.yaml), loaded fresh for each test (a test module may define its own)."""
+    from labkit.card.load import load_card
+
+    return load_card(REPO / "params" / "smoke.yaml").card
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    """`smoke_rows()` once per module (a test module may define its own)."""
+    return smoke_rows()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import REPO, smoke_rows
+from conftest import REPO
 
 from labkit.card.load import load_card
 from labkit.model.loading import load_model, load_tokenizer
@@ -15,16 +15,6 @@ from labkit.model.method import apply_method
 from labkit.preflight.arms import out_of_memory
 from labkit.preflight.sizing import arm_bytes
 from labkit.preflight.stepchecks import accumulation_check, checkpointing_check
-
-
-@pytest.fixture
-def card():
-    return load_card(REPO / "params" / "smoke.yaml").card
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return smoke_rows()
 
 
 class Models:

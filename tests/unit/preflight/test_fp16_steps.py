@@ -16,24 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from conftest import REPO, smoke_rows
 
-from labkit.card.load import load_card
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
 from labkit.preflight.arms import SCALER_SKIPS
 from labkit.preflight.stepchecks import accumulation_check, update_check
 from labkit.train.trainer import build_trainer
-
-
-@pytest.fixture
-def card():
-    return load_card(REPO / "params" / "smoke.yaml").card
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return smoke_rows()
 
 
 def _scaler(monkeypatch, init_scale: float, backoff: float = 2.0**-111) -> None:

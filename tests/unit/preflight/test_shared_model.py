@@ -8,9 +8,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPO, smoke_rows
 
-from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
@@ -18,16 +16,6 @@ from labkit.preflight.memory_check import measure
 from labkit.preflight.shared import SharedModel
 from labkit.preflight.stepchecks import accumulation_check, checkpointing_check, update_check
 from labkit.train.trainer import build_trainer
-
-
-@pytest.fixture
-def card():
-    return load_card(REPO / "params" / "smoke.yaml").card
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return smoke_rows()
 
 
 def _update(card, model, tokenizer, rows) -> dict:

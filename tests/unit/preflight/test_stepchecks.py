@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, smoke_rows
 
-from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.card.schema import Full, Lora, Qlora
 from labkit.model.loading import load_model, load_tokenizer
@@ -23,16 +21,6 @@ from labkit.preflight.stepchecks import (
     update_check,
 )
 from labkit.train.trainer import build_trainer
-
-
-@pytest.fixture
-def card():
-    return load_card(REPO / "params" / "smoke.yaml").card
-
-
-@pytest.fixture(scope="module")
-def rows():
-    return smoke_rows()
 
 
 def _check(card, tiny_model, rows, steps: int = 2, tamper=None) -> dict:
