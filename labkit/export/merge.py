@@ -12,11 +12,9 @@ The merged model is saved in that dtype (`labkit.preflight.export_memory.export_
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from peft import PeftModel
 from transformers import AutoConfig, GenerationConfig
@@ -26,7 +24,9 @@ from labkit.errors import ExportRefused
 from labkit.evaluate.generation import generate_answers
 from labkit.evaluate.procedure import score_answers
 from labkit.model.loading import load_model
+from labkit.preflight.arms import release
 from labkit.preflight.export_memory import export_dtype, export_estimate, refusal
+from labkit.preflight.measure import free_device_memory
 
 
 def base_for_merge(resolved: Any, card: Any, device: str) -> Any:
@@ -72,29 +72,8 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
                                                    "merged_into": "dequantised 4-bit weights" if card.method.kind == "qlora"
                                                    else "the base weights as trained"})
     del model
-    free_device(device)
+    release(device)
     return dtype
-
-
-def free_device(device: str) -> None:
-    """Give a GPU's cached blocks back once a model is gone (the next phase needs them)."""
-    gc.collect()
-    if device.startswith("cuda") and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def available_bytes(device: str) -> float:
-    """Free memory of `device` now: the GPU's (`torch.cuda.mem_get_info`), else the host's available RAM.
-
-    Args:
-        device: "cuda", "cuda:0", "mps", "cpu".
-    Returns:
-        bytes.
-    """
-    if device.startswith("cuda") and torch.cuda.is_available():
-        index = int(device.split(":")[1]) if ":" in device else torch.cuda.current_device()
-        return float(torch.cuda.mem_get_info(index)[0])
-    return float(psutil.virtual_memory().available)
 
 
 def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, available: float | None = None,
@@ -106,7 +85,7 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
         card: the card.
         prompt_len: the longest evaluation prompt in tokens.
         device: the device the export runs on.
-        available: free bytes to compare with (default: `available_bytes(device)`).
+        available: free bytes to compare with (default: `labkit.preflight.measure.free_device_memory(device)`).
         what: what would run, for the line.
     Returns:
         `labkit.preflight.export_memory.export_estimate` with "available_bytes" and "device" added.
@@ -116,7 +95,7 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
     config = AutoConfig.from_pretrained(resolved.location, trust_remote_code=card.model.trust_remote_code,
                                         **resolved.from_pretrained_kwargs())
     need = export_estimate(config, card, prompt_len, device.split(":")[0])
-    free = available_bytes(device) if available is None else float(available)
+    free = float(free_device_memory(device)) if available is None else float(available)
     line = refusal(need["peak_bytes"], free, device, what)
     if line:
         raise ExportRefused(line)

@@ -50,9 +50,10 @@ from labkit.data.sources import sha256_text
 from labkit.evaluate.generation import batches, generate_answers
 from labkit.evaluate.procedure import score_answers
 from labkit.core.run_card import resolved_card
-from labkit.export.merge import base_for_merge, ensure_fits, free_device, score_merged
+from labkit.export.merge import base_for_merge, ensure_fits, score_merged
 from labkit.model.loading import load_model, load_tokenizer, pick_device, resize_for_tokenizer
 from labkit.model.sources import ResolvedModel, resolve, sha256_file
+from labkit.preflight.arms import release
 from labkit.preflight.export_memory import COMPARE_ROWS
 
 
@@ -296,7 +297,7 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     if manifest["method"] != "full":
         if card.method.kind == "qlora":
             del model  # the 4-bit evaluation model: merge into its dequantised weights, loaded once more
-            free_device(device)  # the evaluation model is gone before the 16-bit base is loaded
+            release(device)  # the evaluation model is gone before the 16-bit base is loaded
             model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(weights)).eval()
             (model.get_base_model()).generation_config = generation
         dtype = next(model.get_base_model().parameters()).dtype
