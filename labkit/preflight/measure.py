@@ -23,6 +23,7 @@ import torch
 
 from labkit.card.schema import Card
 from labkit.data.pairs import fixed_length_pairs
+from labkit.errors import DataError
 from labkit.data.prompting import IGNORE, encode_rows
 from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer
@@ -181,7 +182,8 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
     """Training examples of exactly `seq_len` tokens built from real rows (prompt masking kept).
 
     Encoded rows are concatenated and cut at `seq_len`; with `padded`, every second row is one token
-    shorter, so each batch carries padding as dynamic padding almost always does.
+    shorter, so each batch carries padding as dynamic padding almost always does. A window with no answer token
+    (inside a prompt longer than `seq_len`) is skipped: the trainer would drop it and run out of batches.
 
     Args:
         tokenizer: the tokenizer.
@@ -199,8 +201,9 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
         return fixed_length_pairs(tokenizer, card, rows, seq_len, count)
 
     encoded = encode_rows(tokenizer, card, rows) if encoded is None else encoded
-    if not encoded:
-        raise ValueError("fixed_length_dataset: no rows to build examples from")
+    if not any(x != IGNORE for e in encoded for x in e.labels):
+        raise DataError("no training row keeps an answer token after truncation to data.max_length: raise "
+                        "data.max_length or shorten the prompts")
     examples, ids, labels, k = [], [], [], 0
     while len(examples) < count:
         while len(ids) < seq_len:
@@ -208,7 +211,8 @@ def fixed_length_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
             labels += encoded[k % len(encoded)].labels
             k += 1
         cut = seq_len - (1 if padded and len(examples) % 2 else 0)
-        examples.append({"input_ids": ids[:cut], "labels": labels[:cut]})
+        if any(x != IGNORE for x in labels[:cut]):  # a window inside a long prompt has no loss: the trainer drops it
+            examples.append({"input_ids": ids[:cut], "labels": labels[:cut]})
         ids, labels = ids[cut:], labels[cut:]
     return datasets.Dataset.from_list(examples)
 
