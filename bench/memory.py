@@ -8,6 +8,7 @@ its baseline is clean) and the estimate's relative error. On the CPU the measure
 resident memory above the pre-step baseline; on CUDA `torch.cuda.max_memory_allocated`.
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
+[--attention eager]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 CARD = REPO / "params" / "quickstart.yaml"
 
 
-def one(method: str, seq_len: int, micro_batch: int) -> dict:
+def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto") -> dict:
     """Estimate and measure one configuration in this process."""
     from labkit.card.load import load_card
     from labkit.card.schema import Full, Lora, Qlora
@@ -38,7 +39,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     from labkit.preflight.memory_check import loaded_bytes
 
     card = load_card(CARD).card
-    card = updated(card, {"train.micro_batch": micro_batch, "data.max_length": max(card.data.max_length, seq_len),
+    card = updated(card, {"train.micro_batch": micro_batch, "model.attn_implementation": attention, "data.max_length": max(card.data.max_length, seq_len),
                           "method": {"full": Full(kind="full"), "lora": Lora(kind="lora", r=16, alpha=32, dropout=0.0),
                                      "qlora": Qlora(kind="qlora", r=16, alpha=32, dropout=0.0)}[method]})
     device = pick_device()
@@ -54,6 +55,7 @@ def one(method: str, seq_len: int, micro_batch: int) -> dict:
     result = measure_step(card, model, tokenizer, rows, seq_len, Path(tempfile.mkdtemp()), device=device)
     step = result["memory"]["delta_bytes"]
     return {"method": method, "seq_len": seq_len, "micro_batch": micro_batch, "device": device,
+            "attention": estimate["attention"],
             "estimate_step_bytes": estimate["step_bytes"], "measured_step_bytes": step,
             "step_relative_error": round((estimate["step_bytes"] - step) / step, 4),
             "estimate_peak_bytes": estimate["peak_bytes"], "measured_peak_bytes": weights + step,
@@ -66,15 +68,17 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--methods", nargs="+", default=["full", "lora", "qlora"])
     parser.add_argument("--micro-batch", type=int, default=4)
+    parser.add_argument("--attention", default="auto", help="model.attn_implementation (eager keeps the scores)")
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "SEQ_LEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.micro_batch)))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.micro_batch, args.attention)))
         return
     results = []
     for method in args.methods:
         for seq_len in args.lengths:
-            out = subprocess.run([sys.executable, __file__, "--one", method, str(seq_len), "--micro-batch", str(args.micro_batch)],
+            out = subprocess.run([sys.executable, __file__, "--one", method, str(seq_len), "--micro-batch", str(args.micro_batch),
+                                  "--attention", args.attention],
                                  capture_output=True, text=True, env={**os.environ, "LABKIT_BATCH": "1"})
             if out.returncode:
                 raise SystemExit(f"{method} @ {seq_len}: {out.stderr.strip().splitlines()[-1]}")

@@ -29,9 +29,10 @@ from transformers import AutoModelForCausalLM
 
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.core.device import DeviceProfile
-from labkit.model.loading import pick_dtype
+from labkit.model.loading import decisions, pick_dtype
 from labkit.model.method import apply_method
-from labkit.model.placement import decide
+from labkit.model.placement import decide, for_architecture
+from labkit.preflight.activations import activation_units, eager_transient_bytes
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
 from labkit.preflight.records import UPCAST_PREFIX, MemoryEstimate
 
@@ -177,55 +178,14 @@ def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
     return params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per
 
 
-def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True,
-                     block: str = "llama") -> dict[str, float]:
-    """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
-
-    Args:
-        shape: model widths.
-        card: the card (method: rank, dropout).
-        params: from `parameter_bytes` (which linears carry adapters or train fully).
-        seq_len: sequence length (the padding mask costs one value per key position).
-        padded: whether batches carry padding (dynamic padding almost always does).
-        block: "llama" (Llama, Mistral, Qwen2) or "phi" (`architecture`).
-    Returns:
-        {tensor: values per token per layer}.
-    """
-    h, i, a, kv = shape.hidden, shape.intermediate, shape.heads, shape.kv
-    adapted = set(params["adapted"])
-    if block == "phi":
-        # one LayerNorm (input, mean, rstd) feeds attention and the MLP in parallel; the tanh-GELU keeps fc1's output,
-        # the tanh, ½x and 1 + tanh (counted with autograd's saved-tensor hooks on transformers 5's PhiDecoderLayer)
-        units: dict[str, float] = {"layer input (LayerNorm)": h, "norm statistics": 2, "query after rotary": h,
-                                   "attention output": h, "attention log-sum-exp": a, "fc1 output, GELU": 4 * i}
-        if adapted & {"q_proj", "k_proj", "v_proj", "fc1"}:
-            units["normed input (q/k/v, fc1)"] = h
-        if "dense" in adapted:
-            units["attention output, reshaped (dense)"] = h
-        if "fc2" in adapted:
-            units["GELU output (fc2)"] = i
-    else:
-        units = {"layer input (norm)": h, "post-attention residual (norm)": h, "norm scales": 2,
-                 "query after rotary": h, "attention output": h, "attention log-sum-exp": a, "gate, SiLU, up": 3 * i}
-        if adapted & {"q_proj", "k_proj", "v_proj"}:
-            units["normed input (q/k/v)"] = h
-        if adapted & {"gate_proj", "up_proj"}:
-            units["normed input (gate/up)"] = h
-        if "down_proj" in adapted:
-            units["gated product (down)"] = i
-    # SDPA keeps K and V; with a padding mask the GQA heads are repeated first, and the mask is kept
-    units["keys, values"] = 2 * h if padded else 2 * kv
-    if padded:
-        units["padding mask"] = seq_len
-    if params["norms_trainable"]:
-        units["normalised, before the norm weight"] = 2 * h
-    method = card.method
-    if method.kind in {"lora", "qlora"}:
-        units["LoRA A outputs"] = method.r * len(adapted)
-        if method.dropout > 0:
-            # each adapter has its own dropout: the dropped input and its mask (1 byte per value)
-            units["LoRA dropout"] = sum(i if m in {"down_proj", "fc2"} else h for m in adapted) * 1.25
-    return units
+def attention_for(card: Card, device: str | DeviceProfile, model_type: str) -> tuple[str, bool]:
+    """The attn_implementation the model trains with on `device` (`labkit.model.placement.decide` and
+    `for_architecture`: Phi in float16 gets eager attention with float32 scores), and whether it computes in float32
+    (float32 weights, fp32 precision, no 16-bit compute dtype)."""
+    made = decide(card, device, world_size=1, kernels={}) if isinstance(device, DeviceProfile) else decisions(card, device)
+    made = for_architecture(made, card, model_type)
+    return made.attention, (made.weight_dtype == "float32" and made.precision == "fp32"
+                            and made.compute_dtype in (None, "float32"))
 
 
 def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
@@ -262,8 +222,11 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
     tokens = rows * seq_len
     arch = architecture(config)
-    per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama")
+    attention, float32 = attention_for(card, device, arch["model_type"])
+    per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama", attention, act_bytes,
+                                 float32)
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
+    transient = eager_transient_bytes(shape, attention, rows, seq_len)
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
     saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
     saved = saved_ckpt if ckpt else saved_plain
@@ -295,12 +258,13 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         # in the backward the logits' gradient and one temporary of the same size
         logits = tokens * shape.vocab * act_bytes
         head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
-    phases = {"end_of_forward": activations + head_fwd, "start_of_backward": activations + head_bwd,
+    phases = {"end_of_forward": activations + max(head_fwd, transient),
+              "start_of_backward": activations + head_bwd + transient,
               "optimizer_update": grads}
     if card.train.trainer == "dpo":  # the reference forward (no gradients) while the policy's activations are kept
         phases["reference_forward"] = activations + head_fwd + layer_bytes
     if ckpt:
-        phases["recomputed_layer_backward"] = activations + layer_bytes + grad_hidden + head_grad
+        phases["recomputed_layer_backward"] = activations + layer_bytes + grad_hidden + head_grad + transient
     step = opt_states + max(phases.values())
     weights = params["frozen_bytes"] + params["quantised_bytes"] + params["trainable_bytes"]
     breakdown = dict(zip(BREAKDOWN, (params["frozen_bytes"], params["quantised_bytes"], params["trainable_bytes"],
@@ -311,7 +275,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     alternatives[ACTIVATIONS_PLAIN] = saved_plain + head_saved
     alternatives[ACTIVATIONS_CHECKPOINTED] = saved_ckpt + head_saved + layer_bytes
     return {"architecture": arch["model_type"], "modelled": arch["modelled"], "note": arch["note"],
-            "seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "optimizer": optim, "device": kind,
+            "seq_len": seq_len, "micro_batch": b, "checkpointing": ckpt, "attention": attention, "optimizer": optim, "device": kind,
             "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,

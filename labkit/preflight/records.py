@@ -30,6 +30,7 @@ class MemoryEstimate(TypedDict):
     seq_len: int
     micro_batch: int
     checkpointing: bool
+    attention: str  # the attn_implementation counted (eager keeps heads × length scores per token)
     optimizer: str
     device: str
     loss_fraction: float
