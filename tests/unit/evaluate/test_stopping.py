@@ -171,3 +171,20 @@ def test_mean_answer_tokens_has_no_good_direction() -> None:
     (row,) = [r for r in guardrail_checks(bounded, _m(1.0), _m(1.0, mean_answer_tokens=45.0))
               if r["metric"] == "mean_answer_tokens"]
     assert row["ok"] is False and "> max 40" in row["why"]
+
+
+def test_early_stopping_may_stop_on_stop_rate(tiny_model, setup) -> None:
+    from labkit.card.schema import EarlyStopping
+    from labkit.errors import CardError
+    from labkit.train.early_stopping import score
+
+    card, tokenizer, rows = setup
+    stopping = updated(card, {"train.early_stopping": EarlyStopping(metric="stop_rate", patience=2)})
+    model = _model(tiny_model, card)
+    model.generation_config.suppress_tokens = stop_ids(model, tokenizer)
+    assert score(model, tokenizer, stopping, rows, "stop_rate") == 0.0  # scored as stages 01 and 05 score
+    model.generation_config.suppress_tokens = None
+    model.generation_config.sequence_bias = [[[tokenizer.eos_token_id], 100.0]]
+    assert score(model, tokenizer, stopping, rows, "stop_rate") == 1.0
+    with pytest.raises((CardError, ValueError), match="not a single number with a good direction"):
+        updated(card, {"train.early_stopping": EarlyStopping(metric="mean_answer_tokens", patience=2)})
