@@ -316,7 +316,7 @@ class Card(Strict):
             raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
         if self.experiment.target.primary_metric in TWO_SIDED:
             raise ValueError(f"experiment.target.primary_metric: {self.experiment.target.primary_metric} has no good "
-                             "direction (closer to 1 is better); use it as a guardrail with min and max")
+                             "direction (a length: shorter is not always better); use it as a guardrail with min and max")
         for i, rail in enumerate(self.experiment.guardrails):
             if rail.metric in TWO_SIDED and rail.max_drop is not None:
                 raise ValueError(f"experiment.guardrails.{i}.max_drop: {rail.metric} has no good direction, so a drop "

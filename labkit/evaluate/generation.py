@@ -8,7 +8,7 @@ row with no finite one, raises `labkit.errors.NonFiniteError` — an answer deco
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import tqdm.auto
@@ -18,6 +18,15 @@ from labkit.card.schema import Card
 from labkit.core.progress import emit
 from labkit.data.prompting import prompt_ids
 from labkit.errors import NonFiniteError
+from labkit.scoring.stopping import answer_end
+
+
+class Answer(TypedDict):
+    """One generated answer and how it ended (`generate_with_stops`)."""
+
+    text: str  # decoded, special tokens skipped, stripped
+    stopped: bool  # ended on a stop token (or a stop string) before eval.max_new_tokens
+    answer_tokens: int  # tokens generated before the stop token (eval.max_new_tokens when it ran to the limit)
 
 
 class FiniteLogits(LogitsProcessor):
@@ -83,13 +92,14 @@ def stop_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
-                     desc: str = "generating") -> list[str]:
-    """Generate an answer for each row with the card's evaluation procedure.
+def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
+                        desc: str = "generating") -> list[Answer]:
+    """Generate an answer for each row with the card's evaluation procedure, recording how each ended.
 
     Prompts are built by `labkit.data.prompting` (as in training), sorted by length and left-padded into
     batches of `eval.batch_size` (`batches`), decoded greedily up to `eval.max_new_tokens`, stopping
-    at any of the model's stop tokens (`stop_ids`); the answers come back in the order of `rows`.
+    at any of the model's stop tokens (`stop_ids`); the answers come back in the order of `rows`, each with whether it
+    stopped before the limit and its length in tokens (`labkit.scoring.stopping.answer_end`).
 
     Args:
         model: a causal LM (plain or PEFT), on its device.
@@ -98,7 +108,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
         rows: prepared rows with `input`.
         desc: progress bar label.
     Returns:
-        the decoded answers, in the order of `rows`.
+        the Answers, in the order of `rows`.
     Raises:
         NonFiniteError: a generated token's logits were not finite (`FiniteLogits`).
     """
@@ -107,7 +117,7 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
                          "it from the data (labkit.core.run_card.resolved_card), or set it in the card")
     device = next(model.parameters()).device
     prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
-    answers: list[str] = [""] * len(prompts)
+    answers: list[Answer] = [{"text": "", "stopped": False, "answer_tokens": 0}] * len(prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = stop_ids(model, tokenizer)
     was_training = model.training
@@ -130,7 +140,9 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
                 max_new_tokens=card.eval.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
                 use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]))
             for row, i in enumerate(idx):
-                answers[i] = tokenizer.decode(out[row, width:], skip_special_tokens=True).strip()
+                stopped, length = answer_end(out[row, width:].tolist(), stops, pad, card.eval.max_new_tokens)
+                answers[i] = {"text": tokenizer.decode(out[row, width:], skip_special_tokens=True).strip(),
+                              "stopped": stopped, "answer_tokens": length}
             bar.update(len(idx))
             done += len(idx)
             seconds = time.monotonic() - start
@@ -139,3 +151,9 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
     if was_training:
         model.train()
     return answers
+
+
+def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
+                     desc: str = "generating") -> list[str]:
+    """The answers' texts of `generate_with_stops` (same procedure), in the order of `rows`."""
+    return [answer["text"] for answer in generate_with_stops(model, tokenizer, card, rows, desc)]

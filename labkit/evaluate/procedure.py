@@ -10,7 +10,7 @@ import math
 from typing import Any
 
 from labkit.errors import NonFiniteError
-from labkit.evaluate.generation import generate_answers
+from labkit.evaluate.generation import Answer, generate_with_stops
 from labkit.scoring.metrics import score_predictions
 
 
@@ -27,25 +27,30 @@ def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, An
         rows: prepared rows ({"id", "input", "target", "category"}).
         label: progress label ("baseline", "tuned").
     Returns:
-        (per-example rows with scores, aggregated metrics).
+        (per-example rows with scores, aggregated metrics); each row records whether its answer stopped and its
+        length in tokens (`stopped`, `answer_tokens`), aggregated as stop_rate and mean_answer_tokens.
     """
-    return score_answers(card, rows, generate_answers(model, tokenizer, card, rows, desc=f"{label}: generating"))
+    return score_answers(card, rows, generate_with_stops(model, tokenizer, card, rows, desc=f"{label}: generating"))
 
 
-def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def score_answers(card: Any, rows: list[dict[str, Any]],
+                  answers: list[str] | list[Answer]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Score answers given to `rows` (in their order) with the card's metrics.
 
     Args:
         card: the card (target format, eval.rouge).
         rows: prepared rows ({"id", "input", "target", "category"}).
-        answers: one answer per row.
+        answers: one answer per row: its text, or a `generate_with_stops` Answer (then the row records `stopped` and
+            `answer_tokens`, and the metrics stop_rate and mean_answer_tokens).
     Returns:
         (per-example rows with scores, aggregated metrics).
     Raises:
         NonFiniteError: a score came out NaN or infinite (never recorded as a score).
     """
     records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
-                "prediction": a} for r, a in zip(rows, answers)]
+                **({"prediction": a} if isinstance(a, str) else
+                   {"prediction": a["text"], "stopped": a["stopped"], "answer_tokens": a["answer_tokens"]})}
+               for r, a in zip(rows, answers)]
     scored, metrics = score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)
     scores = ((f"row {r.get('id')}", {k: v for k, v in r.items() if isinstance(v, float)}) for r in scored)
     for where, values in [*scores, ("the metrics", metrics)]:

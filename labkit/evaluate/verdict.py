@@ -14,6 +14,9 @@ from typing import Any, TypedDict
 from labkit.card.schema import Card
 from labkit.scoring.metrics import RUN_METRICS, example_key, metric_value
 
+# the default guardrail's floor on the tuned stop_rate, when the reference stops more often (`default_stop_check`)
+DEFAULT_STOP_RATE = 0.95
+
 
 class GuardrailCheck(TypedDict):
     """One guardrail judged (per category for per_category_f1)."""
@@ -104,9 +107,10 @@ def guardrail_checks(card: Card, reference: dict[str, Any], tuned: dict[str, Any
         reference: the reference's metrics (labkit.scoring.metrics.aggregate output; run metrics under "run").
         tuned: tuned metrics, same shape.
     Returns:
-        one row per guardrail (and per category): {"guardrail", "metric", "value", "reference", "ok", "why"}.
+        one row per guardrail (and per category): {"guardrail", "metric", "value", "reference", "ok", "why"}; a text or
+        JSON card without a stop_rate guardrail gets the default one first (`default_stop_check`).
     """
-    rows: list[GuardrailCheck] = []
+    rows: list[GuardrailCheck] = [*default_stop_check(card, reference, tuned)]
     for rail in card.experiment.guardrails:
         rule = rail.model_dump()
         label = ", ".join(f"{k} {v}" for k, v in rule.items() if k != "metric" and v is not None)
@@ -118,6 +122,37 @@ def guardrail_checks(card: Card, reference: dict[str, Any], tuned: dict[str, Any
         else:
             rows.append({"guardrail": f"{rail.metric}: {label}", **_check_value(rail.metric, value, ref, rule)})
     return rows
+
+
+def default_stop_check(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> list[GuardrailCheck]:
+    """The default guardrail of text and JSON cards: the tuned model's stop_rate does not fall below the reference's
+    or DEFAULT_STOP_RATE, whichever is lower (a tuned model that stops less often than it should has learned to
+    ramble to eval.max_new_tokens; a base model that rarely stopped does not set the bar above what it did).
+
+    Label cards get none (their answers are a word), nor does a card that declares its own stop_rate guardrail (it
+    replaces the default), nor a run whose answers, or its reference's, were generated before labkit recorded
+    stopping (no stop_rate to judge).
+
+    Args:
+        card: the card (data.target_format.kind, experiment.guardrails, experiment.target.against).
+        reference: the reference's metrics (the base model's, or the sibling variant's).
+        tuned: the tuned metrics.
+    Returns:
+        [] or one row {"guardrail": "stop_rate: default (≥ min(base, 0.95))", "metric": "stop_rate", "value",
+        "reference", "ok", "why"}.
+    """
+    if card.data.target_format.kind == "label" or any(g.metric == "stop_rate" for g in card.experiment.guardrails):
+        return []
+    value, ref = _value(tuned, "stop_rate"), _value(reference, "stop_rate")
+    if value is None or ref is None:
+        return []
+    who = "base" if card.experiment.target.against == "baseline" else card.experiment.target.against
+    bound = min(ref, DEFAULT_STOP_RATE)
+    ok = value >= bound - 1e-12
+    why = "" if ok else (f"{value:.3f} < {bound:.3f} = min({who} {ref:.3f}, {DEFAULT_STOP_RATE}): more answers ran to "
+                         "eval.max_new_tokens than the reference's (see stage 02's end-token check)")
+    return [{"guardrail": f"stop_rate: default (≥ min({who}, {DEFAULT_STOP_RATE}))", "metric": "stop_rate",
+             "value": value, "reference": ref, "ok": ok, "why": why}]
 
 
 def paired(reference_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:

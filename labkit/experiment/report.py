@@ -23,9 +23,11 @@ from nbconvert import HTMLExporter
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
+from labkit.core.run_card import recorded_length
 from labkit.evaluate.human import RATINGS, human_verdict
 from labkit.experiment.compare import compare_experiment
 from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
+from labkit.scoring.stopping import stopping_line
 from labkit.show import plots
 from labkit.show.plots import CATEGORY_TITLES
 
@@ -150,6 +152,7 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
     if "intervals" not in row:
         return "\n".join(parts)
     parts.append(f"<p><b>Hypothesis:</b> {html.escape(row['hypothesis'])}</p><p><b>{html.escape(row['verdict'])}</b></p>")
+    parts.append(f"<p>{html.escape(_stopping(Path(row['dir'])))}</p>")
     people = human_verdict(Path(row["dir"]) / "comparison" / RATINGS)  # blind A/B ratings, when a person gave some
     if people:
         kappa = "" if people["kappa"] is None else f", Cohen's κ {people['kappa']:.2f}"
@@ -182,6 +185,15 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         text = ("Concentrated: " + "; ".join(found["flags"]) if found["flags"] else "Not concentrated: " + found["statement"])
         parts.append(f"<p>{html.escape(text)}.</p>")
     return "\n".join(parts)
+
+
+def _stopping(run_dir: Path) -> str:
+    """The run's stopping line (`labkit.scoring.stopping.stopping_line`), from its baseline and tuned metrics."""
+    named = {"baseline": io.read_json(run_dir / "baseline" / "baseline_metrics.json"),
+             "tuned": io.read_json(run_dir / "comparison" / "tuned_metrics.json")}
+    limit = ((yaml.safe_load((run_dir / "card.yaml").read_text(encoding="utf-8")).get("eval") or {}).get("max_new_tokens")
+             or (recorded_length(run_dir) or {}).get("max_new_tokens"))
+    return stopping_line(named, limit)
 
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}

@@ -18,7 +18,8 @@ from labkit.scoring.slots import SLOT_METRICS
 
 # metric name -> the per-example key it averages
 MEAN_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
-             "exact_match": "exact_match", **{r: r for r in ROUGE_TYPES}, "mean_length_ratio": "length_ratio"}
+             "exact_match": "exact_match", **{r: r for r in ROUGE_TYPES}, "mean_length_ratio": "length_ratio",
+             "stop_rate": "stopped", "mean_answer_tokens": "answer_tokens"}
 F1_METRICS = ("accuracy", "macro_f1", "per_category_f1")
 
 

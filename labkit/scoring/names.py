@@ -24,6 +24,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "rougeLsum": ("any", "ROUGE-Lsum F-measure (union LCS over the sentences of answer and reference)"),
     "mean_length_ratio": ("any", "mean over examples of answer words / reference words (a guardrail with min / max: "
                           "no good direction, so not a primary metric, max_drop or early-stopping metric)"),
+    "stop_rate": ("any", "share of answers that ended on a stop token before eval.max_new_tokens (text and JSON cards "
+                  "get a default guardrail on it: labkit.evaluate.verdict)"),
+    "mean_answer_tokens": ("any", "mean over examples of the tokens generated before the stop token (eval.max_new_tokens "
+                           "for an answer that ran to it); shown, not judged by default: shorter is not always better, "
+                           "so a guardrail with min / max only"),
     "train_seconds": ("run", "wall-clock seconds of stage 04's training (lower is better)"),
     "tokens_per_second": ("run", "training tokens seen per second of training (higher is better)"),
     "peak_memory_gib": ("run", "peak memory of a training step measured by stage 03, GiB (lower is better)"),
@@ -31,5 +36,6 @@ METRICS: dict[str, tuple[str, str]] = {
 }
 # run metric -> True when higher is better
 RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "peak_memory_gib": False, "cost": False}
-# metrics without a good direction (closer to 1 is better): judged only against absolute or ratio bounds
-TWO_SIDED = ("mean_length_ratio",)
+# metrics without a good direction (a length: closer to the reference's is better): judged only against absolute or
+# ratio bounds
+TWO_SIDED = ("mean_length_ratio", "mean_answer_tokens")

@@ -14,6 +14,7 @@ from labkit.evaluate.verdict import Verdict, paired, verdict
 from labkit.model.tuned import load_tuned
 from labkit.scoring.bootstrap import concentration_for
 from labkit.scoring.metrics import score_key
+from labkit.scoring.stopping import stopping_line, stopping_rows
 from labkit.stages.baseline import evaluate
 from labkit.stages.context import Stage
 from labkit.stages.records import (
@@ -28,7 +29,7 @@ from labkit.stages.records import (
 from labkit.stages.run_metrics import reference_metrics, reference_run, run_metrics
 
 __all__ = ["concentration_text", "decide", "evaluate_tuned", "examples_table", "failing_table", "judge_run",
-           "paired_view", "record_experiment", "score_key"]
+           "paired_view", "record_experiment", "score_key", "stopping_view"]
 
 
 def evaluate_tuned(stage: Stage) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -143,3 +144,19 @@ def paired_view(stage: Stage, base_rows: list[dict[str, Any]], tuned_rows: list[
         return where
     return (f"Against the baseline on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
             f"{pairs['ties']} ties**. {where}")
+
+
+def stopping_view(stage: Stage, baseline_metrics: dict[str, Any],
+                  tuned_metrics: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """How often the baseline's and the tuned model's answers stopped before eval.max_new_tokens, and their length.
+
+    Args:
+        stage: the open comparison Stage (its card's eval.max_new_tokens).
+        baseline_metrics: the base model's metrics.
+        tuned_metrics: this run's.
+    Returns:
+        (one sentence with the numbers (markdown), `labkit.scoring.stopping.stopping_rows`' table).
+    """
+    named = {"baseline": baseline_metrics, "tuned": tuned_metrics}
+    limit = stage.card.eval.max_new_tokens
+    return stopping_line(named, limit), stopping_rows(named, limit)

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, cast
 
 from transformers import AutoConfig, GenerationConfig
 
 from labkit.card.schema import Card
 from labkit.data.checks import raise_on_failed, run_checks
+from labkit.data.end_token import end_token_check
 from labkit.data.lengths import LengthStats, length_stats
 from labkit.data.prepare import DataManifest
 from labkit.data.prompting import Encoded, encode_example
+from labkit.evaluate.generation import stop_ids
 from labkit.model.loading import chatml_ids
 from labkit.show.tokens import render_page
 from labkit.stages.context import Stage
@@ -34,8 +37,8 @@ from labkit.stages.records import (
     PreprocessingSummary,
 )
 
-__all__ = ["Inspection", "category_counts", "decide", "inspect", "model_checks", "pick_samples", "planted_vs_found",
-           "raise_on_failed", "run_checks"]
+__all__ = ["Inspection", "category_counts", "decide", "end_token_checks", "generation_stops", "inspect", "model_checks",
+           "pick_samples", "planted_vs_found", "raise_on_failed", "run_checks"]
 
 
 @dataclass
@@ -87,6 +90,8 @@ def inspect(stage: Stage, per_category: int = 2) -> Inspection:
         planted = planted_vs_found(stage.read(stage.name, PLANTED), leaks, stage.read(stage.name, CLEANING))
         stage.save_json(PLANTED_CHECK, planted)
     encoded, checks = run_checks(stage.tokenizer, stage.card, splits)
+    checks += end_token_checks(stage.tokenizer, stage.card, splits, encoded,
+                               generation_stops(stage.model_source, stage.tokenizer, stage.card))
     checks += model_checks(stage.model_source, stage.tokenizer, stage.card)
     lengths = length_stats(stage.card, encoded)
     stage.save_json(CHECKS, checks)
@@ -171,6 +176,54 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
     ]
     return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],
              "explanation": why} for check, ok, why in rows]
+
+
+def generation_stops(resolved: Any, tokenizer: Any, card: Card) -> list[int]:
+    """The token ids the evaluation's generation stops on (`labkit.evaluate.generation.stop_ids`), read from the
+    model's files without its weights: its generation config (or, without one, its config, as transformers does), and
+    the tokenizer's EOS; a `chat_template: chatml` card's model stops on the tokenizer's EOS (set on load).
+
+    Args:
+        resolved: the resolved model source.
+        tokenizer: the tokenizer used for training and evaluation.
+        card: the card (prompt, trust_remote_code).
+    Returns:
+        the stop ids, in stop_ids' order.
+    """
+    if chatml_ids(card, tokenizer):  # labkit.model.loading.resize_for_tokenizer: the tokenizer's EOS becomes the model's
+        return [tokenizer.eos_token_id]
+    try:
+        generation = GenerationConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
+    except OSError:
+        kwargs = {"trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
+        generation = GenerationConfig.from_model_config(AutoConfig.from_pretrained(resolved.location, **kwargs))
+    return stop_ids(SimpleNamespace(generation_config=generation), tokenizer)
+
+
+def end_token_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Any]],
+                     stops: list[int]) -> list[dict[str, Any]]:
+    """Every rendered example of every split ends its answer with a token generation stops on, inside the loss mask
+    (`labkit.data.end_token`); both sequences of a preference pair.
+
+    Args:
+        tokenizer: the tokenizer.
+        card: the card (train.trainer).
+        splits: the prepared rows per split.
+        encoded: their encodings per split (`run_checks`).
+        stops: the token ids generation stops on (`generation_stops`).
+    Returns:
+        check rows like `run_checks`'; a failed one names the first failing example's missing or masked token and
+        the fix.
+    """
+    out = []
+    for name, rows in splits.items():
+        sides = [("", encoded[name])] if card.train.trainer == "sft" else [
+            (f"{side}: ", [getattr(p, side) for p in encoded[name]]) for side in ("chosen", "rejected")]
+        for prefix, items in sides:
+            check = end_token_check(tokenizer, rows, items, stops)
+            out.append({"split": name, **check, "check": prefix + check["check"], "failed": len(check["failed_ids"]),
+                        "failed_ids": check["failed_ids"][:20]})
+    return out
 
 
 def pick_samples(splits: dict[str, list[dict[str, Any]]], encoded: dict[str, list[Encoded]],

@@ -37,7 +37,7 @@ from transformers import EarlyStoppingCallback, TrainerCallback
 
 from labkit.card.schema import Card, EarlyStopping
 from labkit.data.prompting import prompt_ids
-from labkit.evaluate.generation import batches, generate_answers
+from labkit.evaluate.generation import batches, generate_with_stops
 from labkit.evaluate.procedure import score_answers
 from labkit.scoring.metrics import metric_value
 
@@ -117,7 +117,7 @@ def score(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]], me
     rank = dist.get_rank() if world > 1 else 0
     lengths = [len(prompt_ids(tokenizer, card, r["input"])) for r in rows]
     mine = shard(lengths, card.eval.batch_size, rank, world)
-    answers = generate_answers(model, tokenizer, card, [rows[i] for i in mine], desc=f"eval {metric}: generating")
+    answers = generate_with_stops(model, tokenizer, card, [rows[i] for i in mine], desc=f"eval {metric}: generating")
     pairs = list(zip(mine, answers))
     if world > 1:
         parts: list[Any] = [None] * world

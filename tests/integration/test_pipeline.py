@@ -81,6 +81,20 @@ def test_stage_data_files(smoke_run) -> None:
     assert verdict["primary"]["metric"] == "field_accuracy" and isinstance(verdict["confirmed"], bool)
     assert verdict["guardrails"] and all("ok" in g for g in verdict["guardrails"])
     assert (run / "training" / "loss_curve.png").stat().st_size > 1000
+    # stopping measured (a JSON card): per answer, in the metrics, as the default guardrail, in stage 05's notebook
+    assert any(c["check"].startswith("every answer ends with a token generation stops on") for c in checks)
+    limit = json.loads((run / "generation_length.json").read_text())["max_new_tokens"] \
+        if (run / "generation_length.json").exists() else yaml.safe_load((run / "card.yaml").read_text())["eval"]["max_new_tokens"]
+    for stage, name in (("baseline", "baseline"), ("comparison", "tuned")):
+        rows = [json.loads(line) for line in (run / stage / f"{name}_predictions.jsonl").read_text().splitlines()]
+        assert all(isinstance(r["stopped"], bool) and 0 <= r["answer_tokens"] <= limit for r in rows)
+        assert all(r["answer_tokens"] == limit for r in rows if not r["stopped"])
+        overall = json.loads((run / stage / f"{name}_metrics.json").read_text())["overall"]
+        assert overall["stop_rate"] == sum(r["stopped"] for r in rows) / len(rows)
+        assert overall["mean_answer_tokens"] == sum(r["answer_tokens"] for r in rows) / len(rows)
+    (rail,) = [g for g in verdict["guardrails"] if g["metric"] == "stop_rate"]
+    assert rail["guardrail"] == "stop_rate: default (≥ min(base, 0.95))" and rail["value"] == overall["stop_rate"]
+    assert "Stopped before max_new_tokens" in (run / "notebooks" / "05_comparison.ipynb").read_text()
 
 
 def test_registry_and_runs_table(smoke_run) -> None:
