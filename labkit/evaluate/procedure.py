@@ -45,7 +45,8 @@ def score_answers(card: Any, rows: list[dict[str, Any]], answers: list[str]) -> 
         NonFiniteError: a score came out NaN or infinite (never recorded as a score).
     """
     records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
-                "prediction": a} for r, a in zip(rows, answers)]
+                "prediction": a, **({"group": r["group"]} if r.get("group") is not None else {})}
+               for r, a in zip(rows, answers)]  # the group (data.fields.group): the verdict resamples whole groups
     scored, metrics = score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)
     scores = ((f"row {r.get('id')}", {k: v for k, v in r.items() if isinstance(v, float)}) for r in scored)
     for where, values in [*scores, ("the metrics", metrics)]:

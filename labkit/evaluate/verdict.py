@@ -287,18 +287,21 @@ def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
                 "inconclusive" if primary.get("point_ok") and not failed else "not confirmed")
     who = f"variant {target.against} (run {reference_run})" if against_variant else "the baseline"
     interval, detectable = _interval_text(primary), _detectable_text(primary)
-    tail = (f"; {detectable}" if detectable else "") + f"; all {len(rails)} guardrail checks pass."
+    rails_ok = f"all {len(rails)} guardrail checks pass" if rails else "no guardrails to check"
+    tail = (f"; {detectable}" if detectable else "") + f"; {rails_ok}."
     if decision == "confirmed":
         rules = "; ".join(f"{k} {v}" for k, v in (("gain ≥", target.min_improvement), ("ratio ≤", target.max_ratio),
                                                     ("ratio ≥", target.min_ratio)) if v is not None)
         head = f"CONFIRMED against {who}: {name} {primary['reference']:.3f} → {primary['tuned']:.3f}"
-        text = (f"{head} ({rules}; {interval}), all {len(rails)} guardrail checks pass." if primary["rule"] == "point" else
+        text = (f"{head} ({rules}; {interval}), {rails_ok}." if primary["rule"] == "point" else
                 f"{head}, {interval}: its worse end meets {rules}" + tail)
     elif decision == "inconclusive":
         needed = primary.get("examples_needed")
-        settle = (f"; about {needed} examples would give {POWER:.0%} power to confirm a gain of {primary['gain']:+.3f}"
-                  if needed else "")
-        text = f"INCONCLUSIVE against {who}: {primary['why']} (n = {primary['n']}){settle}" + tail
+        groups = f" in {primary['groups']} groups" if primary.get("groups") else ""
+        sized = " (in groups of the same sizes)" if groups else ""
+        settle = (f"; about {needed} examples{sized} would give {POWER:.0%} power to confirm a gain of "
+                  f"{primary['gain']:+.3f}" if needed else "")
+        text = f"INCONCLUSIVE against {who}: {primary['why']} (n = {primary['n']} examples{groups}){settle}" + tail
     else:
         parts = [primary["why"]] if not primary["ok"] and primary["why"] else []
         parts += [f"{r['metric']} {r['why']}" for r in failed]

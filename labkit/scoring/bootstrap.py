@@ -65,9 +65,11 @@ def group_weights(groups: list[str], resamples: int, seed: int) -> np.ndarray:
     Returns:
         (resamples + 1, n) weights.
     """
-    names, index = np.unique(np.asarray(groups), return_inverse=True)
-    drawn = weights(len(names), resamples, seed)  # (resamples + 1, groups)
-    return drawn[:, index]
+    _, first, index = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=int)
+    rank[np.argsort(first)] = np.arange(len(first))  # groups numbered in order of appearance: one example per
+    drawn = weights(len(first), resamples, seed)  # group draws exactly what `weights` draws for the examples
+    return drawn[:, rank[index.ravel()]]
 
 
 def resample_weights(groups: list[str] | None, n: int, resamples: int, seed: int) -> np.ndarray:
