@@ -193,13 +193,13 @@ def _interval_reasons(card: Card, out: PrimaryCheck) -> list[str]:
 
 
 def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any], stats: dict[str, Any] | None) -> PrimaryCheck:
-    """The primary check: the point rule for a run metric (stats None), the interval rule otherwise."""
+    """The primary check: the point rule for a run metric, the interval rule (on `stats`) otherwise."""
     target = card.experiment.target
     name = target.primary_metric
     ref, value = _value(reference, name), _value(tuned, name)
     out: PrimaryCheck = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
                          "ratio": None, "min_improvement": target.min_improvement, "max_ratio": target.max_ratio,
-                         "min_ratio": target.min_ratio, "rule": "point" if stats is None else "interval",
+                         "min_ratio": target.min_ratio, "rule": "point" if name in RUN_METRICS else "interval",
                          "point_ok": False, **{k: None for k in _STATS}}  # type: ignore[typeddict-item]
     if value is None or ref is None:
         out.update(ok=False, why=f"{name} is not available for {'the reference' if ref is None else 'this run'}")
@@ -207,8 +207,8 @@ def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any], stats
     out.update({k: v for k, v in (stats or {}).items() if k in _STATS})  # type: ignore[typeddict-item]
     reasons = _point(card, ref, value, out)
     out["point_ok"] = not reasons
-    if not reasons and stats is not None:
-        reasons = _interval_reasons(card, out)
+    if not reasons and out["rule"] == "interval":
+        reasons = _interval_reasons(card, out) if stats is not None else ["no paired interval"]
     out.update(ok=not reasons, why="; ".join(reasons))
     return out
 

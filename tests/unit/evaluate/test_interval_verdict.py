@@ -164,3 +164,7 @@ def test_a_per_example_metric_without_rows_is_not_judged() -> None:
     other = [{**r, "id": "x" + r["id"]} for r in rows[1]]  # not the same examples: no paired interval
     mismatch = verdict(card, _metrics(rows[0]), _metrics(other), reference_rows=rows[0], tuned_rows=other)
     assert mismatch["decision"] == "not judged" and "not evaluated on the same split" in mismatch["verdict"]
+    absent = verdict(card, _metrics(rows[0]), {"n": 5, "overall": {}, "per_category": {}}, reference_rows=rows[0],
+                     tuned_rows=rows[1])
+    assert absent["decision"] == "not confirmed" and "field_accuracy is not available for this run" in absent["verdict"]
+    assert absent["primary"]["rule"] == "interval" and "run metric" not in absent["verdict"]
