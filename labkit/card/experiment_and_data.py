@@ -137,6 +137,9 @@ class Fields(Strict):
     target: str = "answer"
     category: str | None = "category"
     id: str | None = "id"
+    group: str | None = Field(
+        default=None, description="column of the source an example shares with others (a dialogue, a document id): "
+        "the verdict's bootstrap interval then resamples whole groups (docs/deciding.md); null: examples are independent")
     rejected: str | None = Field(
         default=None, description="column of the rejected answer: preference pairs for train.trainer dpo/orpo (the "
         "target is the chosen answer, which evaluation still compares against)")

@@ -163,11 +163,12 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
 
 
 def _result(summary: dict[str, Any]) -> str:
-    metric = next((k for k in summary if k != "confirmed"), None)
+    metric = next((k for k in summary if k not in ("confirmed", "decision")), None)
     values = summary[metric] if metric else {}
     result = (f"{metric} {values['baseline']:.3f}→{values['tuned']:.3f} " if metric and None not in
               (values.get("baseline"), values.get("tuned")) else "")
-    return result + ("confirmed" if summary.get("confirmed") else "not confirmed")
+    # the verdict's decision word (inconclusive, not judged); runs recorded before it had only confirmed or not
+    return result + (summary.get("decision") or ("confirmed" if summary.get("confirmed") else "not confirmed"))
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

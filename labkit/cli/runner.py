@@ -96,7 +96,7 @@ def _summary(run: R.Run) -> dict[str, Any]:
     verdict = io.read_json(path)
     primary = verdict["primary"]
     ref, tuned = primary.get("reference", primary.get("baseline")), primary.get("tuned")  # against the card's reference
-    return {"confirmed": verdict["confirmed"], primary["metric"]: {"baseline": None if ref is None else round(ref, 4),
+    return {"confirmed": verdict["confirmed"], "decision": verdict.get("decision"), primary["metric"]: {"baseline": None if ref is None else round(ref, 4),
                                                                    "tuned": None if tuned is None else round(tuned, 4)}}
 
 

@@ -85,7 +85,8 @@ def _same_answer(a: str, b: str) -> bool:
 
 def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Map raw columns to {"id", "input", "target", "category"} following data.fields (and "rejected"
-    when data.fields.rejected names the rejected answer of a preference pair).
+    when data.fields.rejected names the rejected answer of a preference pair, "group" when data.fields.group names
+    the source examples share).
 
     Args:
         data: the card's data section (fields, split.field).
@@ -93,7 +94,7 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
         origins: filled with row id -> `file:line` (or `source row N`) when given.
     Raises:
         DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
-            naming the row and the card key.
+            naming the row and the card key (data.fields.group included).
     """
     fields = data.fields
     if not raw:
@@ -130,6 +131,12 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
             mapped["split"] = value
         elif "__split__" in row:  # data.split.from_source: the source's own split (labkit.data.reading.read_given_splits)
             mapped["split"] = row["__split__"]
+        if fields.group:
+            if row.get(fields.group) is None:
+                present = ", ".join(k for k in row if k != "__where__")
+                raise DataError(f"{where}: no field {fields.group!r} (data.fields.group; the row has: {present}): "
+                                "name a column every row has, or set data.fields.group: null")
+            mapped["group"] = str(row[fields.group])
         row_id = str(row[fields.id]) if fields.id and fields.id in row else f"row-{number + 1}"
         if row_id in seen:
             raise DataError(f"{where}: id {row_id!r} is used twice (ids must be unique, data.fields.id)")

@@ -49,8 +49,9 @@ def score_answers(card: Any, rows: list[dict[str, Any]],
     """
     records = [{"id": r.get("id"), "category": r.get("category"), "input": r["input"], "target": r["target"],
                 **({"prediction": a} if isinstance(a, str) else
-                   {"prediction": a["text"], "stopped": a["stopped"], "answer_tokens": a["answer_tokens"]})}
-               for r, a in zip(rows, answers)]
+                   {"prediction": a["text"], "stopped": a["stopped"], "answer_tokens": a["answer_tokens"]}),
+                **({"group": r["group"]} if r.get("group") is not None else {})}
+               for r, a in zip(rows, answers)]  # the group (data.fields.group): the verdict resamples whole groups
     scored, metrics = score_predictions(records, card.data.target_format.model_dump(), card.eval.rouge.use_stemmer)
     scores = ((f"row {r.get('id')}", {k: v for k, v in r.items() if isinstance(v, float)}) for r in scored)
     for where, values in [*scores, ("the metrics", metrics)]:

@@ -1,10 +1,13 @@
 """Judge a tuned run against its reference: primary metric, guardrails, verdict on the hypothesis.
 
 The reference is the base model (`experiment.target.against: baseline`) or the latest completed run of another
-variant of the same experiment (`against: <variant>`). Answer metrics and run metrics (time, throughput, memory,
-cost: `labkit.stages.run_metrics`, passed in under "run") are judged alike, each in its good direction. The
-decision is a `Verdict` (comparison/verdict.json, final/verdict.json): its `primary` check and one `GuardrailCheck`
-per guardrail (and category).
+variant of the same experiment (`against: <variant>`). A per-example primary metric is decided on the paired
+bootstrap interval of its gain (`labkit.evaluate.power`): CONFIRMED when the interval's worse end clears the target,
+INCONCLUSIVE when only the point estimate does (with the examples that would settle it). Run metrics (time,
+throughput, memory, cost: `labkit.stages.run_metrics`, passed in under "run") have one number per run and are judged
+on it; guardrails are judged on the point values, each metric in its good direction. The decision is a `Verdict`
+(comparison/verdict.json, final/verdict.json): its `primary` check and one `GuardrailCheck` per guardrail (and
+category). docs/deciding.md gives the method.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 from labkit.card.schema import Card
+from labkit.evaluate.power import POWER, gain_statistics
 from labkit.scoring.metrics import RUN_METRICS, example_key, metric_value
 
 # the default guardrail's floor on the tuned stop_rate, when the reference stops more often (`default_stop_check`)
@@ -45,6 +49,21 @@ class PrimaryCheck(TypedDict, total=False):
     min_ratio: float | None
     ok: bool
     why: str
+    rule: str  # "interval" (a per-example metric: decided on its interval) or "point" (a run metric)
+    point_ok: bool  # the point estimate clears the target
+    n: int | None  # examples evaluated (None for a run metric)
+    groups: int | None  # groups resampled (data.fields.group), None when examples are resampled one by one
+    level: float | None  # the interval's level
+    gain_low: float | None  # the interval of the gain, in the metric's good direction
+    gain_high: float | None
+    ratio_low: float | None  # the interval of tuned / reference
+    ratio_high: float | None
+    sd: float | None  # per-example standard deviation of the paired difference (labkit.evaluate.power)
+    detectable_gain: float | None  # the smallest gain n examples confirm with 80 % power
+    examples_needed: int | None  # examples giving 80 % power to confirm the observed gain (None: gain ≤ threshold)
+
+
+DECISIONS = ("confirmed", "inconclusive", "not confirmed", "not judged")
 
 
 class Verdict(TypedDict):
@@ -54,8 +73,9 @@ class Verdict(TypedDict):
     reference_run: str | None  # the reference variant's run
     primary: PrimaryCheck
     guardrails: list[GuardrailCheck]
-    confirmed: bool
-    verdict: str  # the sentence: CONFIRMED / NOT CONFIRMED / NOT JUDGED …
+    confirmed: bool  # decision == "confirmed"
+    decision: str  # one of DECISIONS
+    verdict: str  # the sentence: CONFIRMED / INCONCLUSIVE / NOT CONFIRMED / NOT JUDGED …, with n, interval, detectable gain
 
 
 def higher_is_better(name: str) -> bool:
@@ -172,32 +192,89 @@ def paired(reference_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]
     return out
 
 
-def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any]) -> PrimaryCheck:
-    target = card.experiment.target
-    name = target.primary_metric
-    ref, value = _value(reference, name), _value(tuned, name)
-    out: PrimaryCheck = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
-                           "ratio": None, "min_improvement": target.min_improvement, "max_ratio": target.max_ratio,
-                           "min_ratio": target.min_ratio}
-    reasons = []
-    if value is None or ref is None:
-        out.update(ok=False, why=f"{name} is not available for {'the reference' if ref is None else 'this run'}")
-        return out
+def _point(card: Card, ref: float, value: float, out: PrimaryCheck) -> list[str]:
+    """The target's rules on the point values; fills gain and ratio; returns what fails."""
+    target, name = card.experiment.target, card.experiment.target.primary_metric
     out["gain"] = (value - ref) if higher_is_better(name) else (ref - value)
     out["ratio"] = value / ref if ref else None
+    reasons = []
     if target.min_improvement is not None and out["gain"] < target.min_improvement - 1e-12:
         reasons.append(f"{name} gain {out['gain']:+.3f} < required {target.min_improvement}")
     for key, bad in (("max_ratio", lambda r, x: r > x + 1e-12), ("min_ratio", lambda r, x: r < x - 1e-12)):
         bound = getattr(target, key)
         if bound is not None and (out["ratio"] is None or bad(out["ratio"], bound)):
             reasons.append(f"{name} {value:.3f} / {ref:.3f} = {out['ratio'] or float('nan'):.3f}, {key} {bound}")
+    return reasons
+
+
+def _interval_reasons(card: Card, out: PrimaryCheck) -> list[str]:
+    """The target's rules on the interval's worse end (the gain's low end; the ratio's end against each bound)."""
+    target, name = card.experiment.target, card.experiment.target.primary_metric
+    level = f"{out['level'] * 100:g}%"
+    if out["gain_low"] is None:
+        return [f"{name} has no {level} interval on {out['n']} example(s)"]
+    reasons = []
+    if target.min_improvement is not None and out["gain_low"] < target.min_improvement - 1e-12:
+        reasons.append(f"{name} gain {out['gain']:+.3f} clears the required {target.min_improvement} but its {level} "
+                       f"interval [{out['gain_low']:+.3f}, {out['gain_high']:+.3f}] does not")
+    for key, end, bad in (("max_ratio", "ratio_high", lambda r, x: r > x + 1e-12),
+                          ("min_ratio", "ratio_low", lambda r, x: r < x - 1e-12)):
+        bound = getattr(target, key)
+        if bound is not None and (out[end] is None or bad(out[end], bound)):  # type: ignore[literal-required]
+            reasons.append(f"{name} ratio {out['ratio'] or float('nan'):.3f} meets {key} {bound} but its {level} "
+                           f"interval [{out['ratio_low'] or float('nan'):.3f}, {out['ratio_high'] or float('nan'):.3f}]"
+                           " does not")
+    return reasons
+
+
+def _primary(card: Card, reference: dict[str, Any], tuned: dict[str, Any], stats: dict[str, Any] | None) -> PrimaryCheck:
+    """The primary check: the point rule for a run metric, the interval rule (on `stats`) otherwise."""
+    target = card.experiment.target
+    name = target.primary_metric
+    ref, value = _value(reference, name), _value(tuned, name)
+    out: PrimaryCheck = {"metric": name, "against": target.against, "reference": ref, "tuned": value, "gain": None,
+                         "ratio": None, "min_improvement": target.min_improvement, "max_ratio": target.max_ratio,
+                         "min_ratio": target.min_ratio, "rule": "point" if name in RUN_METRICS else "interval",
+                         "point_ok": False, **{k: None for k in _STATS}}  # type: ignore[typeddict-item]
+    if value is None or ref is None:
+        out.update(ok=False, why=f"{name} is not available for {'the reference' if ref is None else 'this run'}")
+        return out
+    out.update({k: v for k, v in (stats or {}).items() if k in _STATS})  # type: ignore[typeddict-item]
+    reasons = _point(card, ref, value, out)
+    out["point_ok"] = not reasons
+    if not reasons and out["rule"] == "interval":
+        reasons = _interval_reasons(card, out) if stats is not None else ["no paired interval"]
     out.update(ok=not reasons, why="; ".join(reasons))
     return out
 
 
+_STATS = ("n", "groups", "level", "gain_low", "gain_high", "ratio_low", "ratio_high", "sd", "detectable_gain",
+          "examples_needed")
+
+
+def _interval_text(p: PrimaryCheck) -> str:
+    """"gain +0.578, 95% interval [+0.517, +0.639] on n = 60 examples" (or a run metric's point rule)."""
+    if p.get("rule") == "point":
+        return f"{p['metric']} is a run metric, one number per run: judged on that number, without an interval"
+    groups = f" in {p['groups']} groups" if p.get("groups") else ""
+    if p.get("gain_low") is None:
+        return f"n = {p.get('n')} examples{groups}"
+    return (f"gain {p['gain']:+.3f}, {p['level'] * 100:g}% interval [{p['gain_low']:+.3f}, {p['gain_high']:+.3f}] on "
+            f"n = {p['n']} examples{groups}")
+
+
+def _detectable_text(p: PrimaryCheck) -> str:
+    """"the smallest gain n = 60 examples detect with 80% power is +0.391" (empty without it)."""
+    if p.get("detectable_gain") is None:
+        return ""
+    return f"the smallest gain n = {p['n']} examples detect with {POWER:.0%} power is {p['detectable_gain']:+.3f}"
+
+
 def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
-            reference: dict[str, Any] | None = None, reference_run: str | None = None) -> Verdict:
-    """The decision of the experiment on the validation split.
+            reference: dict[str, Any] | None = None, reference_run: str | None = None, *,
+            reference_rows: list[dict[str, Any]] | None = None, tuned_rows: list[dict[str, Any]] | None = None,
+            resamples: int = 2000, level: float = 0.95, seed: int = 0) -> Verdict:
+    """The decision of the experiment on the evaluated split.
 
     Args:
         card: the card (hypothesis, target, guardrails).
@@ -205,33 +282,66 @@ def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
         tuned: tuned metrics (run metrics under "run").
         reference: the reference's metrics when target.against names a variant (None: the baseline is the reference).
         reference_run: the reference run's id (against a variant), for the text.
+        reference_rows: the reference's scored predictions (the baseline's, or the reference variant's tuned ones);
+            needed, with tuned_rows, for a per-example primary metric.
+        tuned_rows: this run's scored predictions on the same examples.
+        resamples, level, seed: the paired bootstrap of the gain (grouped when the rows carry groups).
     Returns:
-        the Verdict.
+        the Verdict: decision "confirmed" (the interval's worse end clears the target; a run metric: its value does),
+        "inconclusive" (only the point estimate does), "not confirmed" or "not judged".
     """
     target = card.experiment.target
+    name = target.primary_metric
     against_variant = target.against != "baseline"
+    per_example = name not in RUN_METRICS
+    missing = None
     if against_variant and reference is None:
-        text = (f"NOT JUDGED: the hypothesis is against variant {target.against!r}, which has no completed run in this "
-                "experiment yet; run that card, then `labkit compare` judges this run again.")
-        primary: PrimaryCheck = {"metric": target.primary_metric, "ok": False, "reference": None,
-                   "baseline": _value(baseline, target.primary_metric), "tuned": _value(tuned, target.primary_metric)}
-        return {"against": target.against, "reference_run": None, "primary": primary,
-                "guardrails": [], "confirmed": False, "verdict": text}
+        missing = (f"the hypothesis is against variant {target.against!r}, which has no completed run in this "
+                   "experiment yet; run that card, then `labkit compare` judges this run again")
+    elif per_example and (reference_rows is None or tuned_rows is None):
+        missing = (f"{name} is decided on the paired interval of its gain, which needs the per-example predictions of "
+                   "the reference and of this run")
     ref = reference if against_variant else baseline
-    primary = _primary(card, ref, tuned)
-    primary["baseline"] = _value(baseline, target.primary_metric)
+    stats = None
+    if not missing and per_example and _value(ref, name) is not None and _value(tuned, name) is not None:
+        try:
+            stats = gain_statistics(reference_rows or [], tuned_rows or [], name, higher_is_better(name),
+                                    target.min_improvement, resamples, level, seed)
+        except ValueError as exc:  # not the same examples: no paired interval
+            missing = f"{name} is decided on the paired interval of its gain, and {exc}"
+    if missing:
+        primary: PrimaryCheck = {"metric": name, "ok": False, "reference": None,
+                                 "baseline": _value(baseline, name), "tuned": _value(tuned, name)}
+        return {"against": target.against, "reference_run": None, "primary": primary, "guardrails": [],
+                "confirmed": False, "decision": "not judged", "verdict": f"NOT JUDGED: {missing}."}
+    primary = _primary(card, ref, tuned, stats)
+    primary["baseline"] = _value(baseline, name)
     rails = guardrail_checks(card, ref, tuned)
     failed = [r for r in rails if not r["ok"]]
-    confirmed = primary["ok"] and not failed
+    decision = ("confirmed" if primary["ok"] and not failed else
+                "inconclusive" if primary.get("point_ok") and not failed else "not confirmed")
     who = f"variant {target.against} (run {reference_run})" if against_variant else "the baseline"
-    if confirmed:
+    interval, detectable = _interval_text(primary), _detectable_text(primary)
+    rails_ok = f"all {len(rails)} guardrail checks pass" if rails else "no guardrails to check"
+    tail = (f"; {detectable}" if detectable else "") + f"; {rails_ok}."
+    if decision == "confirmed":
         rules = "; ".join(f"{k} {v}" for k, v in (("gain ≥", target.min_improvement), ("ratio ≤", target.max_ratio),
                                                     ("ratio ≥", target.min_ratio)) if v is not None)
-        text = (f"CONFIRMED against {who}: {target.primary_metric} {primary['reference']:.3f} → {primary['tuned']:.3f} "
-                f"({rules}), all {len(rails)} guardrail checks pass.")
+        head = f"CONFIRMED against {who}: {name} {primary['reference']:.3f} → {primary['tuned']:.3f}"
+        text = (f"{head} ({rules}; {interval}), {rails_ok}." if primary["rule"] == "point" else
+                f"{head}, {interval}: its worse end meets {rules}" + tail)
+    elif decision == "inconclusive":
+        needed = primary.get("examples_needed")
+        groups = f" in {primary['groups']} groups" if primary.get("groups") else ""
+        sized = " (in groups of the same sizes)" if groups else ""
+        settle = (f"; about {needed} examples{sized} would give {POWER:.0%} power to confirm a gain of "
+                  f"{primary['gain']:+.3f}" if needed else "")
+        text = f"INCONCLUSIVE against {who}: {primary['why']} (n = {primary['n']} examples{groups}){settle}" + tail
     else:
-        parts = [primary["why"]] if not primary["ok"] else []
+        parts = [primary["why"]] if not primary["ok"] and primary["why"] else []
         parts += [f"{r['metric']} {r['why']}" for r in failed]
-        text = f"NOT CONFIRMED against {who}: " + "; ".join(parts) + "."
+        evidence = "; ".join(x for x in (interval if primary.get("n") or primary.get("rule") == "point" else "",
+                                         detectable) if x)
+        text = f"NOT CONFIRMED against {who}: " + "; ".join(parts) + (f" ({evidence})." if evidence else ".")
     return {"against": target.against, "reference_run": reference_run, "primary": primary, "guardrails": rails,
-            "confirmed": confirmed, "verdict": text}
+            "confirmed": decision == "confirmed", "decision": decision, "verdict": text}

@@ -59,12 +59,14 @@ def _judge_variant_row(row: dict[str, Any], rows: list[dict[str, Any]], card: Ca
     tuned = {**row["tuned_metrics"], "run": row["run_metrics"]}
     ref = _latest(rows, target.against) if target.against != "baseline" else None
     if target.against == "baseline":
-        decision = verdict(card, row["baseline_metrics"], tuned)
         ref_rows = row["base_rows"]
+        decision = verdict(card, row["baseline_metrics"], tuned, reference_rows=ref_rows, tuned_rows=row["tuned_rows"],
+                           **bootstrap)
     else:
         ref_metrics = {**ref["tuned_metrics"], "run": ref["run_metrics"]} if ref else None
-        decision = verdict(card, row["baseline_metrics"], tuned, ref_metrics, ref["run_id"] if ref else None)
         ref_rows = ref["tuned_rows"] if ref else None
+        decision = verdict(card, row["baseline_metrics"], tuned, ref_metrics, ref["run_id"] if ref else None,
+                           reference_rows=ref_rows, tuned_rows=row["tuned_rows"], **bootstrap)
     row.update({"against": target.against, "reference_run": ref["run_id"] if ref else None,
                 "confirmed": decision["confirmed"], "verdict": decision["verdict"], "decision": decision,
                 "guardrails_failed": [g["metric"] for g in decision["guardrails"] if not g["ok"]]})

@@ -263,7 +263,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
                             "--why \"...\")") from None
         raise
     tuned_metrics["run"] = run_metrics(run.dir, loaded.card.budget.price_per_gpu_hour)  # as stage 05 has them
-    decision = verdict(loaded.card, base_metrics, tuned_metrics)
+    decision = verdict(loaded.card, base_metrics, tuned_metrics, reference_rows=base_rows, tuned_rows=tuned_rows)
     opening = {"experiment": run.experiment, "run_id": run.run_id, "who": who, "when": opened["time"],
                "reopen": opened["reopen"], "why": why, "opening": number, "test_rows": len(rows),
                "test_sha256": manifest["split"]["sha256"]["test"], "data_version": manifest["data_version"],

@@ -173,7 +173,9 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
             [{k: g.get(k) for k in ("guardrail", "metric", "reference", "value", "ok", "why")} for g in rails]))
     iv = row["intervals"]
     parts.append(f"<p>Against the baseline: {int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} "
-                 f"resamples of the {iv['n']} evaluation examples):</p>" + _table(_interval_lines(iv, "baseline")))
+                 f"resamples of the {iv['n']} evaluation examples"
+                 + (f", drawn as {iv['groups']} groups (data.fields.group)" if iv.get("groups") else "")
+                 + "):</p>" + _table(_interval_lines(iv, "baseline")))
     if row.get("against_intervals"):
         parts.append(f"<p>Against variant {html.escape(row['against'])} (run <code>{html.escape(str(row['reference_run']))}"
                      "</code>), paired on the same examples:</p>" + _table(_interval_lines(row["against_intervals"], "reference")))

@@ -37,6 +37,11 @@ class Columns:
         self.predicted = np.array([r.get("predicted_category", INVALID) for r in ordered])
         self.values = {k: np.array([float(r[k]) for r in ordered]) for k in MEAN_KEYS.values() if k in ordered[0]}
         self.categories = sorted(set(self.gold.tolist()) - {""})
+        with_group = [r.get("group") is not None for r in ordered]
+        if any(with_group) and not all(with_group):
+            raise ValueError(f"{with_group.count(False)} of {len(ordered)} predictions carry no group (data.fields.group): "
+                             "the runs were not evaluated on the same prepared rows; run stage 01 again")
+        self.groups = [str(r["group"]) for r in ordered] if all(with_group) else None
         self.slot_keys = list(ordered[0].get("slots") or {})
         if "slot_tp" in ordered[0]:  # (n, 3) counts overall and per declared key
             self.slots = np.array([[r["slot_tp"], r["slot_fp"], r["slot_fn"]] for r in ordered], dtype=float)
@@ -48,6 +53,29 @@ def weights(n: int, resamples: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     drawn = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(float)
     return np.vstack([np.ones((1, n)), drawn])
+
+
+def group_weights(groups: list[str], resamples: int, seed: int) -> np.ndarray:
+    """Cluster bootstrap weights: each resample draws as many groups as there are, with replacement, and every example
+    weighs as often as its group was drawn (row 0: all ones).
+
+    Args:
+        groups: each example's group, in the examples' order.
+        resamples: bootstrap resamples.
+        seed: resampling seed.
+    Returns:
+        (resamples + 1, n) weights.
+    """
+    _, first, index = np.unique(np.asarray(groups), return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=int)
+    rank[np.argsort(first)] = np.arange(len(first))  # groups numbered in order of appearance: one example per
+    drawn = weights(len(first), resamples, seed)  # group draws exactly what `weights` draws for the examples
+    return drawn[:, rank[index.ravel()]]
+
+
+def resample_weights(groups: list[str] | None, n: int, resamples: int, seed: int) -> np.ndarray:
+    """`group_weights` when the examples carry groups, else `weights` (one draw per example)."""
+    return group_weights(groups, resamples, seed) if groups is not None else weights(n, resamples, seed)
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
@@ -125,6 +153,15 @@ def _interval(samples: np.ndarray, level: float) -> dict[str, float | None]:
     return {"value": point, "low": float(low), "high": float(high)}
 
 
+def _aligned(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]]) -> tuple[list[str], Columns, Columns]:
+    ids = sorted(r["id"] for r in base_rows)
+    base, tuned = Columns(base_rows, ids), Columns(tuned_rows, ids)
+    if base.groups != tuned.groups:
+        raise ValueError("the two runs' predictions carry different groups (data.fields.group) for the same examples: "
+                         "they were not evaluated on the same prepared rows")
+    return ids, base, tuned
+
+
 def paired_intervals(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], names: list[str],
                      resamples: int = 2000, level: float = 0.95, seed: int = 0) -> dict[str, Any]:
     """Paired bootstrap intervals of baseline, tuned and their difference for each metric, overall and per category.
@@ -137,14 +174,14 @@ def paired_intervals(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str,
         level: interval coverage (0.95 → 2.5th and 97.5th percentiles).
         seed: resampling seed (the same seed gives the same intervals).
     Returns:
-        {"n", "resamples", "level", "overall": {metric: {baseline, tuned, diff}},
+        {"n", "groups" (the number of groups resampled, None without data.fields.group), "resamples", "level",
+         "overall": {metric: {baseline, tuned, diff}},
          "per_category": {metric: {category: {baseline, tuned, diff}}}} where each leaf is {value, low, high};
         per_category_f1 appears under per_category only.
     """
-    ids = sorted(r["id"] for r in base_rows)
-    base, tuned = Columns(base_rows, ids), Columns(tuned_rows, ids)
-    w = weights(len(ids), resamples, seed)
-    out: dict[str, Any] = {"n": len(ids), "resamples": resamples, "level": level, "overall": {}, "per_category": {},
+    ids, base, tuned = _aligned(base_rows, tuned_rows)
+    w = resample_weights(base.groups, len(ids), resamples, seed)
+    out: dict[str, Any] = {"n": len(ids), "groups": len(set(base.groups)) if base.groups else None, "resamples": resamples, "level": level, "overall": {}, "per_category": {},
                            "per_key": {}}
 
     def triple(b: np.ndarray, t: np.ndarray) -> dict[str, Any]:
@@ -160,6 +197,32 @@ def paired_intervals(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str,
             out["per_key"][name] = {k: triple(_slot(w, base.per_key[k], name), _slot(w, tuned.per_key[k], name))
                                     for k in base.slot_keys}
     return out
+
+
+def paired_samples(ref_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], name: str,
+                   resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """One metric of the reference and the tuned model under the same bootstrap resamples (paired; grouped when the
+    rows carry groups), for the verdict's interval and power (`labkit.evaluate.verdict`).
+
+    Args:
+        ref_rows: the reference's scored predictions.
+        tuned_rows: the tuned model's, on the same examples.
+        name: an overall metric (not per_category_f1, not a run metric).
+        resamples, seed: the bootstrap.
+    Returns:
+        {"n", "groups" (None without groups), "reference", "tuned": arrays of shape (resamples + 1,) (index 0: the
+        metric on the examples as they are), "diffs": tuned − reference per example when the metric is a mean of
+        per-example values (None otherwise)}.
+    """
+    ids, ref, tuned = _aligned(ref_rows, tuned_rows)
+    w = resample_weights(ref.groups, len(ids), resamples, seed)
+    diffs = None
+    if name in MEAN_KEYS and MEAN_KEYS[name] in ref.values and MEAN_KEYS[name] in tuned.values:
+        diffs = tuned.values[MEAN_KEYS[name]] - ref.values[MEAN_KEYS[name]]
+    elif name == "accuracy":
+        diffs = (tuned.gold == tuned.predicted).astype(float) - (ref.gold == ref.predicted).astype(float)
+    return {"n": len(ids), "groups": len(set(ref.groups)) if ref.groups else None, "reference": metric(w, ref, name),
+            "tuned": metric(w, tuned, name), "diffs": diffs}
 
 
 def concentration(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str, Any]], key: str,

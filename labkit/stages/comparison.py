@@ -8,7 +8,10 @@ concentration.json (`paired_view`), verdict.json and the run metrics (`judge_run
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
+
+from labkit.core.io import read_jsonl
 
 from labkit.evaluate.verdict import Verdict, paired, verdict
 from labkit.model.tuned import load_tuned
@@ -19,10 +22,12 @@ from labkit.stages.baseline import evaluate
 from labkit.stages.context import Stage
 from labkit.stages.records import (
     ADAPTER,
+    BASELINE_PREDICTIONS,
     CONCENTRATION,
     EXPERIMENT,
     PAIRED,
     TUNED_METRICS,
+    TUNED_PREDICTIONS,
     VERDICT,
     ComparisonSummary,
 )
@@ -48,7 +53,10 @@ def evaluate_tuned(stage: Stage) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dict[str, Any]) -> Verdict:
     """This run's verdict against the card's reference (the baseline, or a sibling variant's latest completed run).
 
-    The run metrics of this run (time, throughput, memory, cost) are added to tuned_metrics.json under "run".
+    The run metrics of this run (time, throughput, memory, cost) are added to tuned_metrics.json under "run". A
+    per-example primary metric is decided on the paired bootstrap interval of its gain, from the per-example
+    predictions: the baseline's (baseline_predictions.jsonl) or the reference run's, and this run's
+    (tuned_predictions.jsonl, which `evaluate_tuned` wrote).
 
     Args:
         stage: the open comparison Stage.
@@ -61,12 +69,18 @@ def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dic
     tuned_metrics["run"] = run_metrics(stage.run.dir, price)
     stage.save_json(TUNED_METRICS, tuned_metrics)
     against = stage.card.experiment.target.against
-    reference, ref_id = None, None
+    reference, ref_id, ref_rows = None, None, None
     if against != "baseline":
         row = reference_run(stage.run.root, stage.run.experiment, against)
         if row is not None:
             reference, ref_id = reference_metrics(row["dir"], price), row["run_id"]
-    decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id)
+            path = Path(row["dir"]) / "comparison" / TUNED_PREDICTIONS
+            ref_rows = read_jsonl(path) if path.exists() else None
+    else:
+        ref_rows = stage.read("baseline", BASELINE_PREDICTIONS)
+    tuned_rows = stage.read(stage.name, TUNED_PREDICTIONS)
+    decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id, reference_rows=ref_rows,
+                       tuned_rows=tuned_rows)
     stage.save_json(VERDICT, decision)
     return decision
 

@@ -85,7 +85,9 @@ def test_label_experiment_report_in_a_headless_browser(tmp_path: Path, repo: Pat
     by_variant = {r["variant"]: r for r in comparison["runs"]}
     base_row, r8 = by_variant["label-base"], by_variant["label-r8"]
     assert r8["against"] == "label-base" and r8["reference_run"] == base_row["run_id"]
-    assert r8["verdict"].startswith(("CONFIRMED against variant label-base", "NOT CONFIRMED against variant label-base"))
+    assert r8["verdict"].startswith(("CONFIRMED against variant label-base", "NOT CONFIRMED against variant label-base",
+                                     "INCONCLUSIVE against variant label-base"))  # judged: n and its interval said
+    assert r8["decision"]["primary"]["n"] == r8["intervals"]["n"] and f"n = {r8['intervals']['n']}" in r8["verdict"]
     rail = next(g for g in r8["decision"]["guardrails"] if g["metric"] == "train_seconds")
     assert rail["reference"] == base_row["run_metrics"]["train_seconds"] > 0
     assert r8["paired"]["key"] == "correct" and sum(r8["paired"][k] for k in ("wins", "losses", "ties")) == r8["intervals"]["n"]

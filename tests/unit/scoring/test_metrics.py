@@ -100,16 +100,26 @@ def _metrics(preds):
 
 def test_verdict_and_guardrails(repo) -> None:
     card = load_card(repo / "params" / "quickstart.yaml").card
-    base_rows, base = _metrics([("billing", "no idea"), ("shipping", "no idea"), ("billing", _t("billing", "low", "X"))])
-    tuned_rows, tuned = _metrics([("billing", _t("billing", "low", "X")), ("shipping", _t("shipping", "low", "X")),
-                                  ("billing", _t("billing", "low", "X"))])
-    decision = verdict(card, base, tuned)
+    base_three = [("billing", "no idea"), ("shipping", "no idea"), ("billing", _t("billing", "low", "X"))]
+    tuned_three = [("billing", _t("billing", "low", "X")), ("shipping", _t("shipping", "low", "X")),
+                   ("billing", _t("billing", "low", "X"))]
+    base_rows, base = _metrics(base_three * 8)  # 24 examples: enough for the interval of a +0.67 gain to clear 0.30
+    tuned_rows, tuned = _metrics(tuned_three * 8)
+    decision = verdict(card, base, tuned, reference_rows=base_rows, tuned_rows=tuned_rows)
     assert decision["primary"]["gain"] == pytest.approx(tuned["overall"]["field_accuracy"] - base["overall"]["field_accuracy"])
     assert decision["confirmed"] is True, decision
+    assert decision["primary"]["gain_low"] > 0.30 and decision["primary"]["n"] == 24
     assert all(r["ok"] for r in decision["guardrails"])
-    assert paired(base_rows, tuned_rows, "field_accuracy") == {"key": "field_accuracy", "wins": 2, "losses": 0, "ties": 1}
+    assert paired(base_rows, tuned_rows, "field_accuracy") == {"key": "field_accuracy", "wins": 16, "losses": 0, "ties": 8}
+    # the same gain on the first three examples alone: the point estimate clears 0.30, its interval does not
+    few_base_rows, few_base = _metrics(base_three)
+    few_tuned_rows, few_tuned = _metrics(tuned_three)
+    few = verdict(card, few_base, few_tuned, reference_rows=few_base_rows, tuned_rows=few_tuned_rows)
+    assert few["decision"] == "inconclusive" and few["confirmed"] is False and few["primary"]["point_ok"] is True
+    assert few["primary"]["gain_low"] < 0.30 and few["primary"]["examples_needed"] > 3
+    assert few["verdict"].startswith("INCONCLUSIVE against the baseline")
     # the reverse direction fails the primary metric AND the per-category guardrail, each with a reason
-    worse = verdict(card, tuned, base)
+    worse = verdict(card, tuned, base, reference_rows=tuned_rows, tuned_rows=base_rows)
     assert worse["confirmed"] is False
     failed = [r for r in worse["guardrails"] if not r["ok"]]
     assert {r["metric"] for r in failed} >= {"json_valid_rate", "per_category_f1[shipping]"}

@@ -77,19 +77,19 @@ def _answers(answers: list[str]) -> tuple[list[dict], dict]:
 
 def test_a_length_guardrail_refutes_a_rambling_model() -> None:
     card = load_card(CARD).card
-    _, base = _answers(["Anna calls.", "A car.", "A drill."])
+    base_rows, base = _answers(["Anna calls.", "A car.", "A drill."])
     ramble = " Also the weather was nice and they talked about many other things at great length for a while."
     refs_words = ["Anna wants a table for two on Friday. Ben books it for 7 pm.",
                   "Carla needs an oil change on Monday. David takes the car at 9 am.",
                   "Elena asks to borrow Farid's drill on Sunday. Farid lends it at noon."]
     rambling_rows, rambling = _answers([r + ramble * 2 for r in refs_words])  # every reference word, and much more
     assert rambling["overall"]["rougeL"] - base["overall"]["rougeL"] >= 0.15  # the primary metric alone would pass
-    decision = verdict(card, base, rambling)
+    decision = verdict(card, base, rambling, reference_rows=base_rows, tuned_rows=rambling_rows)
     assert decision["primary"]["ok"] and not decision["confirmed"]
     failed = [r for r in decision["guardrails"] if not r["ok"]]
     assert [r["metric"] for r in failed] == ["mean_length_ratio"] and "> max 1.5" in failed[0]["why"]
-    _, concise = _answers(refs_words)
-    assert verdict(card, base, concise)["confirmed"]
+    concise_rows, concise = _answers(refs_words)
+    assert verdict(card, base, concise, reference_rows=base_rows, tuned_rows=concise_rows)["confirmed"]
 
 
 def test_rouge_bootstrap_reproduces_the_metrics_and_pairs() -> None:

@@ -36,16 +36,29 @@ def _open(run: R.Run, name: str) -> Stage:
 
 
 def _metrics(field_accuracy: float) -> dict:
-    return {"n": 12, "overall": {"field_accuracy": field_accuracy, "json_valid_rate": 1.0},
+    return {"n": 48, "overall": {"field_accuracy": field_accuracy, "json_valid_rate": 1.0},
             "per_category": {"billing": {"f1": 0.5}, "shipping": {"f1": 0.25}}}
+
+
+def _predictions(run: R.Run, baseline_share: float, tuned_share: float, n: int = 48) -> None:
+    """baseline_predictions.jsonl and tuned_predictions.jsonl of n examples whose field accuracy averages the shares
+    (the verdict's paired interval reads them)."""
+    for folder, name, share in (("baseline", "baseline_predictions.jsonl", baseline_share),
+                                ("comparison", "tuned_predictions.jsonl", tuned_share)):
+        right = round(share * n)
+        io.write_jsonl(run.dir / folder / name, [{"id": f"r{i:02d}", "category": "billing", "json_valid": 1.0,
+                                                  "field_accuracy": float(i < right)} for i in range(n)])
 
 
 def test_judge_run_writes_the_verdict_and_the_run_metrics(run: R.Run) -> None:
     io.write_json(run.dir / "training" / "outcome.json", {"steps": 8, "world_size": 1, "metrics": {"train_runtime": 7.5}})
     stage = _open(run, "comparison")
     tuned = _metrics(0.5)
+    _predictions(run, 0.25, 0.5)  # 12 of 48 examples won, none lost: the interval of the +0.25 gain clears 0.05
     decision = comparison.judge_run(stage, _metrics(0.25), tuned)
     assert set(decision) == _keys(Verdict) and decision["confirmed"] is True
+    assert decision["decision"] == "confirmed" and decision["primary"]["gain_low"] > 0.05
+    assert decision["primary"]["n"] == 48 and "on n = 48 examples" in decision["verdict"]
     assert decision["primary"]["gain"] == pytest.approx(0.25) and decision["against"] == "baseline"
     assert [g["metric"] for g in decision["guardrails"]] == ["json_valid_rate", "per_category_f1[billing]",
                                                             "per_category_f1[shipping]"]
@@ -59,6 +72,7 @@ def test_decide_records_the_verdict_json_says(run: R.Run) -> None:
     stage = _open(run, "comparison")
     with pytest.raises(MissingInput, match="comparison/verdict.json is missing"):
         comparison.decide(stage)
+    _predictions(run, 0.5, 0.52)
     decision = comparison.judge_run(stage, _metrics(0.5), _metrics(0.52))  # +0.02 < the 0.05 required
     assert decision["confirmed"] is False and decision["verdict"].startswith("NOT CONFIRMED against the baseline")
     summary = comparison.decide(stage)
