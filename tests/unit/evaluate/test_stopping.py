@@ -144,7 +144,11 @@ def test_text_and_json_cards_get_the_default_stop_guardrail(name: str) -> None:
         assert bool(rows[0]["why"]) is not ok
     failed = next(r for r in guardrail_checks(card, _m(1.0), _m(0.9)) if r["metric"] == "stop_rate")
     assert failed["why"].startswith("0.900 < 0.950 = min(base 1.000, 0.95)")
-    decision = verdict(card, _m(1.0), _m(0.9, field_accuracy=1.0, rougeL=1.0, exact_match=1.0))
+    per_example = ("field_accuracy", "rougeL", "exact_match")
+    base_rows = [{"id": str(i), **{k: 0.0 for k in per_example}} for i in range(40)]
+    tuned_rows = [{"id": str(i), **{k: 1.0 for k in per_example}} for i in range(40)]
+    decision = verdict(card, _m(1.0), _m(0.9, field_accuracy=1.0, rougeL=1.0, exact_match=1.0),
+                       reference_rows=base_rows, tuned_rows=tuned_rows)
     assert decision["confirmed"] is False and "stop_rate 0.900 < 0.950" in decision["verdict"]
 
 
