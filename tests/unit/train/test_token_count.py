@@ -125,3 +125,14 @@ def test_peaks_from_the_spec_sheets_and_measured_on_the_cpu() -> None:
     assert measured_cpu_peak("float32") > 1e8  # any CPU multiplies faster than 0.1 GFLOP/s
     peak, source = peak_flops("cpu", "fp32")
     assert peak == measured_cpu_peak("float32", threads=torch.get_num_threads()) and "measured" in source
+
+
+def test_a_4bit_qlora_model_counts_the_same_weights_as_lora(card, tiny_model) -> None:
+    """bitsandbytes stores two 4-bit weights per byte: N counts the weights (quant_state.shape), not the bytes."""
+    from labkit.card.schema import Qlora
+
+    lora = apply_method(load_model(tiny_model, card, "cpu"), card)
+    qcard = updated(card, {"method": Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)})
+    qlora = apply_method(load_model(tiny_model, qcard, "cpu"), qcard)
+    assert any(hasattr(p, "quant_state") for p in qlora.parameters())  # really 4-bit
+    assert forward_parameters(qlora) == forward_parameters(lora)
