@@ -36,7 +36,7 @@ def _hashable(value: Any) -> Any:
 class Target(Strict):
     behaviour: Literal["classification", "extraction", "format", "summarisation", "generation"]
     primary_metric: str = Field(description="metric name of labkit.scoring.names.METRICS, e.g. field_accuracy, or a "
-                                "run metric (train_seconds, tokens_per_second, peak_memory_gib, cost)")
+                                "run metric (train_seconds, tokens_per_second, mfu, peak_memory_gib, cost)")
     against: str = Field(default="baseline", description="the reference the hypothesis is judged against: baseline (the "
                          "base model) or the variant name of another card of the same experiment (its latest completed run)")
     min_improvement: float | None = Field(

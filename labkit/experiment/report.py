@@ -241,7 +241,8 @@ run <code>{html.escape(str(reference))}</code>; a run that differs is flagged no
 {test}
 <h2>Runs</h2><p>Every run's primary metric and guardrails on the evaluation split (95% bootstrap intervals),
 its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
-seen, peak memory of a training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
+seen (counted, padding excluded), tokens per second and model FLOPs utilisation (docs/cost.md), peak memory of a
+training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
 <h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
 (B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}

@@ -44,6 +44,14 @@ def _metric_cell(row: dict[str, Any], name: str) -> str:
     return fmt_interval(((row.get("intervals") or {}).get("overall") or {}).get(name, {}).get("tuned"))
 
 
+def _speed(metrics: dict[str, Any]) -> str:
+    """Counted tokens per second and model FLOPs utilisation ("1,234 · 0.12 %"), "—" where not counted."""
+    if metrics.get("tokens_per_second") is None:
+        return "—"
+    mfu = metrics.get("mfu")
+    return f"{metrics['tokens_per_second']:,.0f} · " + ("—" if mfu is None else f"{mfu:.2%}")
+
+
 def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     """One flat row per run: status, primary metric and guardrails with intervals, the gain against the card's
     reference, training time, steps, tokens seen, peak memory, cost, the verdict, and the card diff against the parent."""
@@ -66,6 +74,7 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
         flat.update({"training time": fmt_seconds(metrics.get("train_seconds")),
                      "steps": metrics.get("steps") if metrics.get("steps") is not None else "—",
                      "tokens seen": f"{metrics['tokens_seen']:,.0f}" if metrics.get("tokens_seen") else "—",
+                     "tokens/s · MFU": _speed(metrics),
                      "peak memory": fmt_gib(metrics.get("peak_memory_gib")),
                      "cost": f"{metrics['cost']:.2f}" if metrics.get("cost") is not None else "—"})
         if "intervals" in row:

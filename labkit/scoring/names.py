@@ -30,12 +30,15 @@ METRICS: dict[str, tuple[str, str]] = {
                            "for an answer that ran to it); shown, not judged by default: shorter is not always better, "
                            "so a guardrail with min / max only"),
     "train_seconds": ("run", "wall-clock seconds of stage 04's training (lower is better)"),
-    "tokens_per_second": ("run", "training tokens seen per second of training (higher is better)"),
+    "tokens_per_second": ("run", "training tokens counted (padding excluded) per second of optimiser steps "
+                          "(higher is better)"),
+    "mfu": ("run", "model FLOPs utilisation of training: FLOPs per token × tokens per second / the device's peak "
+            "(docs/cost.md; higher is better)"),
     "peak_memory_gib": ("run", "peak memory of a training step measured by stage 03, GiB (lower is better)"),
     "cost": ("run", "training hours × processes × budget.price_per_gpu_hour (lower is better)"),
 }
 # run metric -> True when higher is better
-RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "peak_memory_gib": False, "cost": False}
+RUN_METRICS = {"train_seconds": False, "tokens_per_second": True, "mfu": True, "peak_memory_gib": False, "cost": False}
 # metrics without a good direction (a length: closer to the reference's is better): judged only against absolute or
 # ratio bounds
 TWO_SIDED = ("mean_length_ratio", "mean_answer_tokens")

@@ -61,6 +61,27 @@ CONCENTRATION = "concentration.json"
 EXPERIMENT = "experiment.json"
 
 
+class TrainingCost(TypedDict):
+    """training/outcome.json → "cost": the tokens training fed the model, counted, and what they cost in FLOPs
+    (`labkit.train.token_count.cost_record`; the convention is docs/cost.md's)."""
+
+    tokens: int  # non-padding positions trained on, all processes, the whole run (resumes included)
+    loss_tokens: int  # positions whose next-token label is scored
+    session_tokens: int  # tokens of this session (since the checkpoint it resumed from)
+    step_seconds: float  # this session's wall time in optimiser steps (fetching batches to the update; no evaluation)
+    tokens_per_second: float | None  # session_tokens / step_seconds
+    parameters: int  # N: weights the forward multiplies by (embedding lookups excluded)
+    trainable_parameters: int
+    reference_parameters: int  # a reference model's N run forward on the same tokens (DPO), else 0
+    flops_per_token: float  # 4N + 2N_trainable (+ 2N_ref): 6N for full training
+    convention: str
+    precision: str  # "bf16" | "fp16" | "fp32"
+    peak_flops: float | None  # FLOP/s of all processes' devices (None: unknown, no MFU)
+    peak_source: str  # the spec sheet's device and dtype, or how the CPU's rate was measured
+    world_size: int
+    mfu: float | None  # flops_per_token × tokens_per_second / peak_flops
+
+
 class TrainingOutcome(TypedDict):
     """training/outcome.json: what stage 04's training did (rank 0 writes it; the stage reads it back)."""
 
@@ -74,6 +95,7 @@ class TrainingOutcome(TypedDict):
     best_eval_loss: float | None
     early_stopped: bool
     early_stopping: dict[str, Any] | None  # labkit.train.early_stopping.summary
+    cost: TrainingCost | None  # absent in runs trained before labkit counted them
 
 
 class StageSummary(TypedDict):

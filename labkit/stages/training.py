@@ -38,6 +38,7 @@ from labkit.train.distributed import accelerate_config, launch_command
 from labkit.train.early_stopping import summary as early_stopping_summary
 from labkit.train.packing import isolation_check
 from labkit.train.resilience import last_checkpoint
+from labkit.train.token_count import cost_record
 from labkit.train.trainer import build_trainer, loss_history
 
 
@@ -66,7 +67,8 @@ def train(stage: Stage) -> TrainingOutcome:
         "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
         "interrupted": interrupted, "best_step": trainer.state.best_global_step,
         "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None,
-        "early_stopped": False, "early_stopping": None}
+        "early_stopped": False, "early_stopping": None,
+        "cost": cast(Any, cost_record(trainer))}  # every process: on the CPU each measures its matmul rate at once
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
                                     and not outcome["budget_exhausted"] and not interrupted)
     # which checkpoint became the adapter, and why (the metric's value at each evaluation)

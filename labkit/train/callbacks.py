@@ -13,7 +13,9 @@
 - `StepTimer`: stage 03's timing of real steps (`labkit.preflight.measure`): each step's wall time (the step
   checks' own record of each step is `labkit.preflight.arms.StepRecord`).
 
-The generation-metric callback of early stopping lives with its scoring (`labkit.train.early_stopping`).
+The generation-metric callback of early stopping lives with its scoring (`labkit.train.early_stopping`); the token
+count (`TokenCount`: tokens and loss tokens trained on, for stage 04's cost record) with the trainers' batch hook that
+feeds it (`labkit.train.token_count`).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from transformers.utils import is_triton_available
 from trl import SFTTrainer
 
 from labkit.data.prompting import IGNORE
+from labkit.train.token_count import CountedBatches
 
 
 def scores_completion_only_natively(device: Any) -> bool:
@@ -34,8 +35,9 @@ def scores_completion_only_natively(device: Any) -> bool:
     return torch.device(device).type in ("cuda", "xpu") and is_triton_available()
 
 
-class CompletionSFTTrainer(SFTTrainer):
-    """TRL's SFTTrainer, whose loss projects only the positions that carry a loss when TRL's kernel cannot."""
+class CompletionSFTTrainer(CountedBatches, SFTTrainer):
+    """TRL's SFTTrainer, whose loss projects only the positions that carry a loss when TRL's kernel cannot (and whose
+    batches `labkit.train.token_count` counts)."""
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: Any = None) -> Any:

@@ -30,6 +30,7 @@ from trl import DPOConfig, DPOTrainer
 from labkit.card.schema import Card
 from labkit.data.pairs import PAIR_COLUMNS, orpo_row, to_dataset
 from labkit.model.placement import one_gpu
+from labkit.train.token_count import CountedBatches
 
 with warnings.catch_warnings():  # TRL warns on importing trl.experimental; labkit uses it only for train.trainer: orpo
     warnings.filterwarnings("ignore", message=".*trl.experimental")
@@ -38,7 +39,7 @@ with warnings.catch_warnings():  # TRL warns on importing trl.experimental; labk
 DEFAULT_BETA = 0.1  # TRL's default for DPOConfig.beta and ORPOConfig.beta
 
 
-class LabkitDPOTrainer(DPOTrainer):
+class LabkitDPOTrainer(CountedBatches, DPOTrainer):
     """TRL's DPOTrainer taking labkit's tokenised pairs as they are (TRL 1.16 would re-tokenise them)."""
 
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):  # noqa: ANN001, ANN202
@@ -47,7 +48,7 @@ class LabkitDPOTrainer(DPOTrainer):
         return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
 
-class LabkitORPOTrainer(ORPOTrainer):
+class LabkitORPOTrainer(CountedBatches, ORPOTrainer):
     """TRL's ORPOTrainer on rows already in its layout (`orpo_row`), instead of tokenising strings."""
 
     def tokenize_row(self, feature, model=None):  # noqa: ANN001, ANN201

@@ -35,6 +35,7 @@ from labkit.train.loss_head import CompletionSFTTrainer
 from labkit.train.packing import PackedCollator, pack
 from labkit.train.preference import preference_trainer
 from labkit.train.resilience import Interruption
+from labkit.train.token_count import TokenCount
 
 
 def to_dataset(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> Any:
@@ -182,10 +183,11 @@ def report_to(card: Card) -> list[str]:
 
 def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints: bool, logging_steps: int,
             output_dir: Path) -> Any:
-    """What stage 04 reads from every trainer (budget, interruption), the printing of every `logging_steps`, live
+    """What stage 04 reads from every trainer (budget, interruption, token count), the printing of every `logging_steps`, live
     progress and the TensorBoard folder (`training/tensorboard`, next to the trainer's output folder)."""
     trainer.labkit_budget = budget
     trainer.labkit_interruption = interruption
+    trainer.add_callback(TokenCount())  # the tokens trained on (labkit.train.token_count): stage 04's cost record
     if checkpoints:
         thin_progress(trainer, logging_steps)
         trainer.add_callback(LiveProgress(logging_steps))

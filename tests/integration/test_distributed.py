@@ -46,6 +46,11 @@ def test_ddp_two_cpu_processes_match_one_process(ddp_run: Path, smoke_run) -> No
     assert single.keys() == ddp.keys() and len(ddp) >= 4
     for step, loss in single.items():  # same global batch, same data order: equal up to float summation order
         assert abs(ddp[step] - loss) <= 1e-5 * abs(loss), (step, loss, ddp[step])
+    # the same batches, counted on two processes and summed: the one process's count (labkit.train.token_count)
+    alone = json.loads((smoke_run[0] / "training" / "outcome.json").read_text())["cost"]
+    cost = outcome["cost"]
+    assert cost["world_size"] == 2 and (cost["tokens"], cost["loss_tokens"]) == (alone["tokens"], alone["loss_tokens"])
+    assert 0 < cost["mfu"] < 1 and cost["peak_flops"] > 0
     assert (run / "training" / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((run / "comparison" / "verdict.json").read_text())["primary"]["metric"] == "field_accuracy"
 

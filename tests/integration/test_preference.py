@@ -30,6 +30,8 @@ from labkit.preflight.stepchecks import (
     checkpointing_check,
     update_check,
 )
+from labkit.train.flops import forward_parameters
+from labkit.train.token_count import cost_record
 from labkit.train.trainer import build_trainer
 
 
@@ -285,6 +287,11 @@ def test_dpo_reference_is_the_base_model_with_the_adapter_off(tiny_model, splits
         policy = (policy * (target != -100)).sum(-1)
     assert torch.allclose(torch.cat([ref_chosen, ref_rejected]), expected, atol=1e-4)
     assert not torch.allclose(policy, expected, atol=1e-4)  # the adapter has moved: the reference is not the policy
+    # the reference's forward over the same tokens is counted in the FLOPs (labkit.train.token_count, docs/cost.md)
+    cost = cost_record(trainer)
+    n, trainable = forward_parameters(trainer.model)
+    assert cost["reference_parameters"] == n - trainable > 0 and 0 < cost["loss_tokens"] < cost["tokens"]
+    assert cost["flops_per_token"] == 4 * n + 2 * trainable + 2 * (n - trainable) and 0 < cost["mfu"] < 1
 
 
 def test_full_fine_tuning_dpo_keeps_a_frozen_copy_as_reference(tiny_model, splits, tmp_path: Path) -> None:

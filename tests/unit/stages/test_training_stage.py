@@ -15,7 +15,8 @@ from labkit.core import runs as R
 from labkit.errors import MissingInput
 from labkit.stages import training
 from labkit.stages.context import Stage, open_stage
-from labkit.stages.records import TrainingOutcome, TrainingSummary, read_outcome
+from labkit.stages.records import TrainingCost, TrainingOutcome, TrainingSummary, read_outcome
+from labkit.stages.run_metrics import run_metrics
 
 REPO = Path(__file__).resolve().parents[3]
 HISTORY = [{"step": 2, "loss": 2.5, "learning_rate": 0.005}, {"step": 2, "eval_loss": 2.4},
@@ -75,6 +76,12 @@ def test_a_real_training_writes_the_typed_outcome(tmp_path: Path) -> None:
     assert set(outcome) == _keys(TrainingOutcome) and read_outcome(stage.run.dir) == outcome
     assert outcome["steps"] == 2 and outcome["interrupted"] is None and not outcome["budget_exhausted"]
     assert (stage.path("adapter") / "adapter_config.json").is_file()
+    cost = outcome["cost"]  # counted (labkit.train.token_count): read back as the run metrics
+    assert set(cost) == _keys(TrainingCost) and 0 < cost["loss_tokens"] < cost["tokens"] == cost["session_tokens"]
+    assert 0 < cost["mfu"] < 1 and cost["peak_flops"] > 0 and cost["world_size"] == 1
+    metrics = run_metrics(stage.run.dir)
+    assert (metrics["tokens_seen"], metrics["loss_tokens"], metrics["mfu"]) == (cost["tokens"], cost["loss_tokens"],
+                                                                              cost["mfu"])
     summary = training.finish(stage)
     losses = [r["loss"] for r in io.read_jsonl(stage.path("log_history.jsonl")) if "loss" in r]
     assert summary["steps"] == 2 and summary["train_seconds"] == outcome["metrics"]["train_runtime"] > 0
