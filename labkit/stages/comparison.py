@@ -24,6 +24,8 @@ from labkit.stages.records import (
     TUNED_METRICS,
     VERDICT,
     ComparisonSummary,
+    baseline_named,
+    strongest_baseline,
 )
 from labkit.stages.run_metrics import reference_metrics, reference_run, run_metrics
 
@@ -66,6 +68,7 @@ def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dic
         if row is not None:
             reference, ref_id = reference_metrics(row["dir"], price), row["run_id"]
     decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id)
+    decision = baseline_named(decision, strongest_baseline(stage.run.dir))  # which baseline prompt is the reference
     stage.save_json(VERDICT, decision)
     return decision
 
@@ -141,5 +144,6 @@ def paired_view(stage: Stage, base_rows: list[dict[str, Any]], tuned_rows: list[
     where = concentration_text(found, primary)
     if not pairs["key"]:
         return where
-    return (f"Against the baseline on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
+    which = strongest_baseline(stage.run.dir)["name"]
+    return (f"Against the baseline ({which} prompt) on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
             f"{pairs['ties']} ties**. {where}")
