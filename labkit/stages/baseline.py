@@ -23,6 +23,7 @@ from labkit.evaluate.procedure import evaluate_rows
 from labkit.evaluate.verdict import higher_is_better
 from labkit.model.loading import baseline_numerics, baseline_quantize
 from labkit.scoring.metrics import RUN_METRICS
+from labkit.show.escape import md_code, md_text
 from labkit.stages.context import Stage
 from labkit.stages.records import (
     BASELINE_KEY,
@@ -175,19 +176,35 @@ def prompts_table(prompts: dict[str, Any]) -> list[dict[str, Any]]:
              "reference": "strongest" if p["name"] == prompts["strongest"] else ""} for p in prompts["prompts"]]
 
 
+def strongest_words(prompts: dict[str, Any]) -> str:
+    """The reference named (markdown, the card's text escaped): which prompt, of how many measured, on which metric.
+
+    Args:
+        prompts: baseline_prompts.json (`Baseline["prompts"]`).
+    Returns:
+        one sentence.
+    """
+    best = next(p for p in prompts["prompts"] if p["name"] == prompts["strongest"])
+    measured = [p for p in prompts["prompts"] if p["skipped"] is None]
+    direction = "higher" if prompts["higher_is_better"] else "lower"
+    return (f"**Reference: {md_code(best['name'])}** ({md_text(best['description'])}), the strongest of "
+            f"{len(measured)} measured prompt{'s' if len(measured) > 1 else ''} on {md_code(prompts['primary_metric'])} "
+            f"({direction} is better). The tuned model is evaluated with the training prompt.")
+
+
 def target_statement(card: Card, metrics: dict[str, Any], prompt: str | None = None) -> Target:
     """What the tuned model must reach, said from the baseline (run metrics and a variant reference: said later).
 
     Args:
         card: the card (experiment.target).
         metrics: the baseline's metrics.
-        prompt: the strongest baseline prompt in words, named in the text (None: not named).
+        prompt: the strongest baseline prompt's name, named in the text (None: not named).
     Returns:
         the Target.
     """
     target = card.experiment.target
     base = None if target.primary_metric in RUN_METRICS else metrics["overall"][target.primary_metric]
-    which = f" under {prompt}" if prompt else ""
+    which = f" under the {md_code(prompt)} prompt" if prompt else ""
     needed = base + target.min_improvement if base is not None and target.min_improvement is not None else None
     if base is None:
         text = f"`{target.primary_metric}` is a run metric: it is judged in stage 05 against variant {target.against}."
