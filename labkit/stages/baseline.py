@@ -32,6 +32,7 @@ from labkit.stages.records import (
     BASELINE_PROMPT_FILES,
     BASELINE_PROMPTS,
     BaselineSummary,
+    strongest_baseline,
 )
 
 
@@ -225,8 +226,7 @@ def decide(stage: Stage) -> BaselineSummary:
         the summary written to baseline/summary.json.
     """
     target = stage.card.experiment.target
-    prompts = stage.read(stage.name, BASELINE_PROMPTS)
     goal = target_statement(stage.card, stage.read(stage.name, BASELINE_METRICS))
-    return cast(BaselineSummary, stage.done(baseline_prompt=prompts["strongest"],
+    return cast(BaselineSummary, stage.done(baseline_prompt=strongest_baseline(stage.run.dir)["name"],
         primary_metric=target.primary_metric, baseline=goal["baseline"], needed=goal["needed"], against=target.against,
         cached=stage.read(stage.name, BASELINE_KEY)["cached"], data_version=stage.prepare_data()["data_version"]))
