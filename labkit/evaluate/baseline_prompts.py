@@ -88,7 +88,7 @@ def measure_all(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any
                                 "stop": stop_strings(item), "shots": shots, "skipped": None, "primary": None,
                                 "metrics": None}
         skip = chat_template_skip(tokenizer, card) if item == "chat_template" else None
-        if skip is None and rows:
+        if skip is None and rows and item != "training":  # the training prompt is measured as it always was
             skip = _too_long(model, card, [baseline_prompt_ids(tokenizer, card, item, r["input"], shots) for r in rows])
         if skip is not None:
             out.append(({**result, "skipped": skip}, []))

@@ -125,12 +125,15 @@ def record_prompts(stage: Stage, measured: list[tuple[PromptResult, list[dict[st
 
 
 def run_baseline(stage: Stage) -> Baseline:
-    """Measure the base model (or reuse this experiment's cached measurement of the same thing).
+    """Measure the base model under every prompt of `eval.baseline_prompts` (or reuse this experiment's cached
+    measurement of the same thing); the strongest on the primary metric is the reference.
 
     Args:
         stage: the open baseline Stage.
     Returns:
-        the Baseline; baseline_predictions.jsonl, baseline_metrics.json and baseline_key.json are written.
+        the Baseline (the reference's metrics and rows); baseline_predictions.jsonl and baseline_metrics.json (the
+        strongest prompt's), baseline_prompts.json, prompts/<name>_predictions.jsonl and prompts/<name>_metrics.json
+        (every measured prompt's) and baseline_key.json are written.
     """
     key = baseline_key(stage)
     cache = stage.run.root / stage.run.experiment / "_baseline" / key
@@ -164,7 +167,7 @@ def run_baseline(stage: Stage) -> Baseline:
 
 
 def prompts_table(prompts: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per baseline prompt: its name, what it is, the primary metric (or why it was skipped), the strongest.
+    """One row per baseline prompt: its name, what it is, the primary metric, which is the strongest, why it was skipped.
 
     Args:
         prompts: baseline_prompts.json (`Baseline["prompts"]`).
@@ -172,9 +175,9 @@ def prompts_table(prompts: dict[str, Any]) -> list[dict[str, Any]]:
         rows for `labkit.show.tables.table`.
     """
     metric = prompts["primary_metric"]
-    return [{"prompt": p["name"], "what": p["description"],
-             metric: "skipped: " + p["skipped"] if p["skipped"] else p["primary"],
-             "reference": "strongest" if p["name"] == prompts["strongest"] else ""} for p in prompts["prompts"]]
+    return [{"prompt": p["name"], "what": p["description"], metric: p["primary"],
+             "reference": "strongest" if p["name"] == prompts["strongest"] else "",
+             "skipped": p["skipped"] or ""} for p in prompts["prompts"]]
 
 
 def strongest_words(prompts: dict[str, Any]) -> str:
