@@ -54,7 +54,7 @@ def fill(template: str, text: str) -> str:
 
 
 def _answered(template: str, text: str, target: str) -> str:
-    """One worked example in a completion template: the filled template, a space unless it ends in whitespace, the answer."""
+    """One worked example in a completion template: the filled template, a space (unless it ends in one), the answer."""
     head = fill(template, text)
     return head + ("" if head[-1:].isspace() else " ") + target
 

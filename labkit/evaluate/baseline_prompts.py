@@ -125,7 +125,8 @@ def strongest(results: list[PromptResult], metric: str) -> str:
     sign = 1.0 if higher_is_better(metric) else -1.0
     best = measured[0]
     for result in measured[1:]:
-        if result["primary"] is not None and (best["primary"] is None or sign * result["primary"] > sign * best["primary"]):
+        value, top = result["primary"], best["primary"]
+        if value is not None and (top is None or sign * value > sign * top):
             best = result
     return best["name"]
 

@@ -139,7 +139,8 @@ def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str
             out = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=False,
                 max_new_tokens=card.eval.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
-                use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]), **stopping)
+                use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]),
+                **stopping)
             for row, i in enumerate(idx):
                 answers[i] = cut_at_stops(tokenizer.decode(out[row, width:], skip_special_tokens=True),
                                           stop_strings or []).strip()

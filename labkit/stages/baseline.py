@@ -167,7 +167,7 @@ def run_baseline(stage: Stage) -> Baseline:
 
 
 def prompts_table(prompts: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per baseline prompt: its name, what it is, the primary metric, which is the strongest, why it was skipped.
+    """One row per baseline prompt: its name, what it is, the primary metric, the strongest, why it was skipped.
 
     Args:
         prompts: baseline_prompts.json (`Baseline["prompts"]`).
@@ -192,7 +192,8 @@ def strongest_words(prompts: dict[str, Any]) -> str:
     measured = [p for p in prompts["prompts"] if p["skipped"] is None]
     direction = "higher" if prompts["higher_is_better"] else "lower"
     return (f"**Reference: {md_code(best['name'])}** ({md_text(best['description'])}), the strongest of "
-            f"{len(measured)} measured prompt{'s' if len(measured) > 1 else ''} on {md_code(prompts['primary_metric'])} "
+            f"{len(measured)} measured prompt{'s' if len(measured) > 1 else ''} on "
+            f"{md_code(prompts['primary_metric'])} "
             f"({direction} is better). The tuned model is evaluated with the training prompt.")
 
 

@@ -145,5 +145,5 @@ def paired_view(stage: Stage, base_rows: list[dict[str, Any]], tuned_rows: list[
     if not pairs["key"]:
         return where
     which = strongest_baseline(stage.run.dir)["name"]
-    return (f"Against the baseline ({which} prompt) on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
-            f"{pairs['ties']} ties**. {where}")
+    return (f"Against the baseline (`{which}` prompt) on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} "
+            f"losses, {pairs['ties']} ties**. {where}")

@@ -113,7 +113,8 @@ def test_few_shot_renders_k_training_examples_before_the_question(tiny_model) ->
     chat_tok = load_tokenizer(tiny_model, chat)
     turns = chat_tok.decode(baseline_prompt_ids(chat_tok, chat, FewShotPrompt(few_shot=3), "the question", shots))
     assert turns.count("<|im_start|>assistant\n") == 4 and turns.count("<|im_start|>system") == 1
-    assert all(s["target"] in turns for s in shots) and turns.endswith("the question<|im_end|>\n<|im_start|>assistant\n")
+    assert all(s["target"] in turns for s in shots)
+    assert turns.endswith("the question<|im_end|>\n<|im_start|>assistant\n")
 
 
 def test_the_chat_template_is_skipped_with_its_reason() -> None:

@@ -29,7 +29,8 @@ TEMPLATE = "Ticket: {input}\nAnswer:"
 def _card(rows_path: Path) -> dict:
     """The smoke card with text answers from `rows_path`, a plain training prompt and four baseline prompts."""
     raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text(encoding="utf-8"))
-    raw["experiment"].update(target={"behaviour": "extraction", "primary_metric": "exact_match", "min_improvement": 0.05},
+    raw["experiment"].update(target={"behaviour": "extraction", "primary_metric": "exact_match",
+                                     "min_improvement": 0.05},
                              guardrails=[])
     raw["data"].update(source={"path": str(rows_path)}, target_format={"kind": "text"},
                        cleaning=["normalise_whitespace", "drop_empty"],
@@ -72,12 +73,14 @@ def test_the_card_template_is_the_strongest_baseline_and_the_reference(measured:
     assert by_name["chat_template"]["skipped"] is None  # a plain training prompt: the tokenizer's ChatML is measured
     # the reference files are the strongest prompt's; every prompt's own files are kept
     assert result["metrics"] == io.read_json(run.dir / "baseline" / "prompts" / "own_metrics.json")
-    assert io.read_json(run.dir / "baseline" / "baseline_metrics.json")["overall"]["exact_match"] == by_name["own"]["primary"]
+    reference = io.read_json(run.dir / "baseline" / "baseline_metrics.json")
+    assert reference["overall"]["exact_match"] == by_name["own"]["primary"]
     for name in by_name:
         assert (run.dir / "baseline" / "prompts" / f"{name}_predictions.jsonl").exists()
     assert io.read_json(run.dir / "baseline" / "summary.json")["baseline_prompt"] == "own"
     # no answer under the card template carries the stop string
-    assert not any("\n" in r["prediction"] for r in io.read_jsonl(run.dir / "baseline" / "prompts" / "own_predictions.jsonl"))
+    own = io.read_jsonl(run.dir / "baseline" / "prompts" / "own_predictions.jsonl")
+    assert not any("\n" in r["prediction"] for r in own)
     table = baseline.prompts_table(record)
     assert [r["reference"] for r in table] == ["", "", "strongest", ""]
 
