@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator, model_validator
 
+from labkit.card.baseline_prompts import DEFAULT, BaselinePrompt, check_prompts
 from labkit.card.experiment_and_data import Data, Experiment, FilesSource, HubSource, Strict
 from labkit.card.tracking import Tracking
 from labkit.scoring.names import METRICS, RUN_METRICS, TWO_SIDED
@@ -180,6 +181,9 @@ class Eval(Strict):
     rouge: Rouge = Field(default_factory=Rouge, description="how ROUGE is computed (recorded with the metrics)")
     decoding: Literal["greedy"] = "greedy"
     metrics: list[str] = Field(default_factory=list, description="extra metrics; the primary metric and guardrails are always computed")
+    baseline_prompts: list[BaselinePrompt] = Field(default_factory=lambda: list(DEFAULT), description="stage 01 measures "
+        "the base model under each (labkit.card.baseline_prompts); the strongest on the primary metric is the reference")
+    _prompts = field_validator("baseline_prompts")(check_prompts)
 
 
 class Distributed(Strict):

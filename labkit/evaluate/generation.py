@@ -92,8 +92,15 @@ def stop_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+def cut_at_stops(answer: str, stops: list[str]) -> str:
+    """The answer up to the first stop string (generation stops after the token that completes one)."""
+    cuts = [answer.find(s) for s in stops if s and s in answer]
+    return answer[:min(cuts)] if cuts else answer
+
+
 def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
-                        desc: str = "generating") -> list[Answer]:
+                        desc: str = "generating", prompts: list[list[int]] | None = None,
+                        stop_strings: list[str] | None = None) -> list[Answer]:
     """Generate an answer for each row with the card's evaluation procedure, recording how each ended.
 
     Prompts are built by `labkit.data.prompting` (as in training), sorted by length and left-padded into
@@ -107,6 +114,9 @@ def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[
         card: the card (eval settings, prompt).
         rows: prepared rows with `input`.
         desc: progress bar label.
+        prompts: the prompt ids of each row (default: the training prompt, `prompt_ids`); the baseline's other
+            prompts (`labkit.data.prompting_baseline`) pass theirs.
+        stop_strings: strings generation also stops on (transformers' stop_strings), cut from the answers.
     Returns:
         the Answers, in the order of `rows`.
     Raises:
@@ -116,7 +126,8 @@ def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[
         raise ValueError("eval.max_new_tokens is unset: open the run's stage (labkit.stages.context) so stage 01 sizes "
                          "it from the data (labkit.core.run_card.resolved_card), or set it in the card")
     device = next(model.parameters()).device
-    prompts = [prompt_ids(tokenizer, card, r["input"]) for r in rows]
+    prompts = prompts if prompts is not None else [prompt_ids(tokenizer, card, r["input"]) for r in rows]
+    stopping = {"stop_strings": list(stop_strings), "tokenizer": tokenizer} if stop_strings else {}
     answers: list[Answer] = [{"text": "", "stopped": False, "answer_tokens": 0}] * len(prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stops = stop_ids(model, tokenizer)
@@ -138,11 +149,12 @@ def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[
             out = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), do_sample=False,
                 max_new_tokens=card.eval.max_new_tokens, eos_token_id=stops, pad_token_id=pad,
-                use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]))
+                use_cache=True, temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList([check]),
+                **stopping)
             for row, i in enumerate(idx):
                 stopped, length = answer_end(out[row, width:].tolist(), stops, pad, card.eval.max_new_tokens)
-                answers[i] = {"text": tokenizer.decode(out[row, width:], skip_special_tokens=True).strip(),
-                              "stopped": stopped, "answer_tokens": length}
+                text = cut_at_stops(tokenizer.decode(out[row, width:], skip_special_tokens=True), stop_strings or [])
+                answers[i] = {"text": text.strip(), "stopped": stopped, "answer_tokens": length}
             bar.update(len(idx))
             done += len(idx)
             seconds = time.monotonic() - start
@@ -154,6 +166,7 @@ def generate_with_stops(model: Any, tokenizer: Any, card: Card, rows: list[dict[
 
 
 def generate_answers(model: Any, tokenizer: Any, card: Card, rows: list[dict[str, Any]],
-                     desc: str = "generating") -> list[str]:
-    """The answers' texts of `generate_with_stops` (same procedure), in the order of `rows`."""
-    return [answer["text"] for answer in generate_with_stops(model, tokenizer, card, rows, desc)]
+                     desc: str = "generating", prompts: list[list[int]] | None = None,
+                     stop_strings: list[str] | None = None) -> list[str]:
+    """The answers' texts of `generate_with_stops` (same procedure and arguments), in the order of `rows`."""
+    return [answer["text"] for answer in generate_with_stops(model, tokenizer, card, rows, desc, prompts, stop_strings)]

@@ -14,8 +14,9 @@ from labkit.evaluate.generation import Answer, generate_with_stops
 from labkit.scoring.metrics import score_predictions
 
 
-def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any]],
-                  label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, Any]], label: str,
+                  prompts: list[list[int]] | None = None,
+                  stop_strings: list[str] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The evaluation procedure on given rows: the card's prompts and decoding, then its metrics.
 
     Used by `evaluate` (validation split) and by `labkit final` (test split), so both measure the same way.
@@ -26,11 +27,15 @@ def evaluate_rows(model: Any, tokenizer: Any, card: Any, rows: list[dict[str, An
         card: the card (prompt, eval settings, target format).
         rows: prepared rows ({"id", "input", "target", "category"}).
         label: progress label ("baseline", "tuned").
+        prompts: each row's prompt ids (default: the training prompt; the baseline's other prompts pass theirs).
+        stop_strings: strings generation also stops on (a card template's `stop`).
     Returns:
         (per-example rows with scores, aggregated metrics); each row records whether its answer stopped and its
         length in tokens (`stopped`, `answer_tokens`), aggregated as stop_rate and mean_answer_tokens.
     """
-    return score_answers(card, rows, generate_with_stops(model, tokenizer, card, rows, desc=f"{label}: generating"))
+    answers = generate_with_stops(model, tokenizer, card, rows, desc=f"{label}: generating", prompts=prompts,
+                                  stop_strings=stop_strings)
+    return score_answers(card, rows, answers)
 
 
 def score_answers(card: Any, rows: list[dict[str, Any]],

@@ -32,6 +32,7 @@ from labkit.experiment.openings import openings
 from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
+from labkit.stages.records import baseline_named, strongest_baseline
 from labkit.stages.run_metrics import run_metrics
 
 __all__ = ["compare_experiment", "fmt_interval", "summary_rows"]
@@ -67,7 +68,10 @@ def _judge_variant_row(row: dict[str, Any], rows: list[dict[str, Any]], card: Ca
         ref_rows = ref["tuned_rows"] if ref else None
         decision = verdict(card, row["baseline_metrics"], tuned, ref_metrics, ref["run_id"] if ref else None,
                            reference_rows=ref_rows, tuned_rows=row["tuned_rows"], **bootstrap)
+    which = strongest_baseline(Path(row["dir"]))  # the baseline rows and metrics are this prompt's
+    decision = baseline_named(decision, which)
     row.update({"against": target.against, "reference_run": ref["run_id"] if ref else None,
+                "baseline_prompt": which["name"],
                 "confirmed": decision["confirmed"], "verdict": decision["verdict"], "decision": decision,
                 "guardrails_failed": [g["metric"] for g in decision["guardrails"] if not g["ok"]]})
     row["intervals"] = paired_intervals(row["base_rows"], row["tuned_rows"], names, **bootstrap)

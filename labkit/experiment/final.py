@@ -36,13 +36,14 @@ from labkit.errors import (
     SplitLocked,
     UsageError,
 )
+from labkit.evaluate.baseline_prompts import measure_strongest
 from labkit.evaluate.procedure import evaluate_rows
 from labkit.evaluate.verdict import verdict
 from labkit.experiment.openings import openings
 from labkit.model.loading import baseline_quantize
 from labkit.model.tuned import load_tuned
 from labkit.stages.context import Stage
-from labkit.stages.records import ADAPTER
+from labkit.stages.records import ADAPTER, BASELINE_PROMPTS, baseline_named, strongest_baseline
 from labkit.stages.run_metrics import run_metrics
 
 FILES = ("baseline_predictions.jsonl", "tuned_predictions.jsonl", "baseline_metrics.json", "tuned_metrics.json",
@@ -250,7 +251,9 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
     try:
         rows = open_test_split(run, stage.tokenizer, loaded.card)
         base_model = stage.load_model(quantize=baseline_quantize(stage.card))  # as the baseline stage measures it
-        base_rows, base_metrics = evaluate_rows(base_model, stage.tokenizer, stage.card, rows, "baseline")
+        recorded = run.dir / "baseline" / BASELINE_PROMPTS  # under stage 01's strongest prompt, its shots included
+        base_rows, base_metrics = measure_strongest(base_model, stage.tokenizer, stage.card, rows,
+                                                    io.read_json(recorded) if recorded.exists() else None, "baseline")
         del base_model
         tuned_model = load_tuned(stage.model_source, stage.card, run.dir / "training" / ADAPTER,
                                  stage.device)  # as the comparison stage measures it
@@ -263,7 +266,8 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
                             "--why \"...\")") from None
         raise
     tuned_metrics["run"] = run_metrics(run.dir, loaded.card.budget.price_per_gpu_hour)  # as stage 05 has them
-    decision = verdict(loaded.card, base_metrics, tuned_metrics, reference_rows=base_rows, tuned_rows=tuned_rows)
+    decision = baseline_named(verdict(loaded.card, base_metrics, tuned_metrics, reference_rows=base_rows,
+                                      tuned_rows=tuned_rows), strongest_baseline(run.dir))
     opening = {"experiment": run.experiment, "run_id": run.run_id, "who": who, "when": opened["time"],
                "reopen": opened["reopen"], "why": why, "opening": number, "test_rows": len(rows),
                "test_sha256": manifest["split"]["sha256"]["test"], "data_version": manifest["data_version"],

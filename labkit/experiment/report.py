@@ -172,7 +172,8 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         parts.append("<p>Guardrails against the reference:</p>" + _table(
             [{k: g.get(k) for k in ("guardrail", "metric", "reference", "value", "ok", "why")} for g in rails]))
     iv = row["intervals"]
-    parts.append(f"<p>Against the baseline: {int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} "
+    parts.append(f"<p>Against the baseline ({html.escape(str(row.get('baseline_prompt', 'training')))} prompt): "
+                 f"{int(iv['level'] * 100)}% paired bootstrap intervals ({iv['resamples']} "
                  f"resamples of the {iv['n']} evaluation examples"
                  + (f", drawn as {iv['groups']} groups (data.fields.group)" if iv.get("groups") else "")
                  + "):</p>" + _table(_interval_lines(iv, "baseline")))

@@ -30,6 +30,8 @@ from labkit.stages.records import (
     TUNED_PREDICTIONS,
     VERDICT,
     ComparisonSummary,
+    baseline_named,
+    strongest_baseline,
 )
 from labkit.stages.run_metrics import reference_metrics, reference_run, run_metrics
 
@@ -81,6 +83,7 @@ def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dic
     tuned_rows = stage.read(stage.name, TUNED_PREDICTIONS)
     decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id, reference_rows=ref_rows,
                        tuned_rows=tuned_rows)
+    decision = baseline_named(decision, strongest_baseline(stage.run.dir))  # which baseline prompt is the reference
     stage.save_json(VERDICT, decision)
     return decision
 
@@ -156,8 +159,9 @@ def paired_view(stage: Stage, base_rows: list[dict[str, Any]], tuned_rows: list[
     where = concentration_text(found, primary)
     if not pairs["key"]:
         return where
-    return (f"Against the baseline on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} losses, "
-            f"{pairs['ties']} ties**. {where}")
+    which = strongest_baseline(stage.run.dir)["name"]
+    return (f"Against the baseline (`{which}` prompt) on `{pairs['key']}`: **{pairs['wins']} wins, {pairs['losses']} "
+            f"losses, {pairs['ties']} ties**. {where}")
 
 
 def stopping_view(stage: Stage, baseline_metrics: dict[str, Any],

@@ -23,6 +23,9 @@ SUMMARY = "summary.json"  # every stage: written by Stage.done
 BASELINE_PREDICTIONS = "baseline_predictions.jsonl"
 BASELINE_METRICS = "baseline_metrics.json"
 BASELINE_KEY = "baseline_key.json"
+BASELINE_PROMPTS = "baseline_prompts.json"  # every prompt measured: {"strongest", "prompts": [PromptResult…]}
+BASELINE_PROMPT_FILES = "prompts"  # a folder: <name>_predictions.jsonl and <name>_metrics.json per measured prompt
+# baseline_predictions.jsonl and baseline_metrics.json are the strongest prompt's: the reference of the hypothesis
 
 # stage 02 · preprocessing/ (leakage.json, cleaning.json and planted.json are written by labkit.data.prepare)
 CATEGORY_COUNTS = "category_counts.json"
@@ -114,6 +117,7 @@ class BaselineSummary(StageSummary):
     against: str
     cached: bool  # the experiment's cached measurement was reused
     data_version: str
+    baseline_prompt: str  # the strongest prompt's name (baseline_prompts.json), the reference's
 
 
 class PreprocessingSummary(StageSummary):
@@ -157,3 +161,41 @@ def read_outcome(run_dir: Path) -> TrainingOutcome | None:
     """
     path = Path(run_dir) / "training" / OUTCOME
     return io.read_json(path) if path.exists() else None
+
+
+def strongest_baseline(run_dir: Path) -> dict[str, Any]:
+    """Which prompt the run's baseline (baseline_predictions.jsonl, baseline_metrics.json) was measured under.
+
+    Args:
+        run_dir: the run folder.
+    Returns:
+        {"name", "description", "measured"}: the strongest prompt of baseline/baseline_prompts.json and how many
+        prompts were measured; a run from before baseline prompts has the training prompt, 1 measured.
+    """
+    path = Path(run_dir) / "baseline" / BASELINE_PROMPTS
+    if not path.exists():
+        return {"name": "training", "description": "the training prompt", "measured": 1}
+    record = io.read_json(path)
+    best = next(p for p in record["prompts"] if p["name"] == record["strongest"])
+    measured = sum(p["skipped"] is None for p in record["prompts"])
+    return {"name": best["name"], "description": best["description"], "measured": measured}
+
+
+def baseline_named(decision: Any, which: dict[str, Any]) -> Any:
+    """The verdict with the baseline's prompt named in its sentence (when more than one prompt was measured).
+
+    Args:
+        decision: a `labkit.evaluate.verdict.Verdict`.
+        which: `strongest_baseline`'s answer.
+    Returns:
+        the same verdict, its `verdict` text naming the prompt ("against the baseline (strongest of 3 prompts: …)").
+    """
+    if which["measured"] <= 1 and which["name"] == "training":
+        return decision
+    said = f"the baseline (strongest of {which['measured']} prompts: {which['name']}, {which['description']})"
+    text = decision["verdict"]
+    if "against the baseline" in text:
+        text = text.replace("against the baseline", f"against {said}", 1)
+    else:
+        text = f"{text} Baseline: {said[len('the baseline '):].strip('()')}."
+    return {**decision, "verdict": text}

@@ -53,6 +53,10 @@ def test_stage_data_files(smoke_run) -> None:
     assert all("f1" in v for v in base["per_category"].values())
     preds = (run / "baseline" / "baseline_predictions.jsonl").read_text().splitlines()
     assert len(preds) == sizes["validation"]
+    prompts = json.loads((run / "baseline" / "baseline_prompts.json").read_text())  # the default: the training prompt
+    assert prompts["strongest"] == "training" and [p["name"] for p in prompts["prompts"]] == ["training"]
+    assert (run / "baseline" / "prompts" / "training_predictions.jsonl").read_text().splitlines() == preds
+    assert json.loads((run / "baseline" / "summary.json").read_text())["baseline_prompt"] == "training"
     planted = json.loads((run / "preprocessing" / "planted_check.json").read_text())
     assert planted["ok"], planted
     checks = json.loads((run / "preprocessing" / "checks.json").read_text())
