@@ -71,7 +71,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
-    from labkit.cli.runner import load_all, resume_run, run_card
+    from labkit.cli.runner import load_all, resume_run, run_replicates
 
     if args.resume:
         if args.cards:
@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = 0
     for loaded in cards:
         try:
-            run_card(loaded, _root(args, loaded.path.parent), nb_dir)
+            run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
         except LabkitError as exc:  # report, go on with the next card
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
