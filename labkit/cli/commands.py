@@ -185,8 +185,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {root}")
         return 0
-    header = ("run", "status", "stage", "updated", "result / error")
-    table = [(f"{r['experiment']}/{r['run_id']}", R.status_label(r), r.get("stage", ""), r.get("updated", ""),
+    header = ("run", "replicate", "status", "stage", "updated", "result / error")
+    table = [(f"{r['experiment']}/{r['run_id']}",  # experiment.replicates: index/count and the seed
+              f"{r['replicate']}/{r.get('replicates')} seed {r.get('seed')}" if r.get("replicate") else "",
+              R.status_label(r), r.get("stage", ""), r.get("updated", ""),
               _result(r["summary"]) if r.get("summary") else (r.get("error") or "")[:70]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     for line in [header, tuple("-" * w for w in widths), *table]:

@@ -25,7 +25,7 @@ from labkit.core import runs as R
 from labkit.core.io import read_jsonl
 from labkit.evaluate.human import RATINGS, human_verdict
 from labkit.experiment.compare import compare_experiment
-from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
+from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
 from labkit.show import plots
 from labkit.show.plots import CATEGORY_TITLES
 
@@ -184,6 +184,16 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
     return "\n".join(parts)
 
 
+def _replicates(comparison: dict[str, Any]) -> str:
+    """The replicated variants' section: every seed, then the variant across its seeds ("" without replicates)."""
+    if not comparison.get("variants"):
+        return ""
+    return ("<h2>Variants across seeds</h2><p>Each variant trained with several seeds (<code>experiment.replicates</code>): "
+            "every seed's value, their mean and spread, and the gain against the card's reference with a 95% interval "
+            "over seeds and examples (two-level bootstrap, docs/deciding.md#replicates); the verdict is the "
+            f"variant's, on the mean over its seeds.</p>{_table(seed_rows(comparison))}")
+
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:auto}
 td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
@@ -228,7 +238,7 @@ run <code>{html.escape(str(reference))}</code>; a run that differs is flagged no
 <h2>Runs</h2><p>Every run's primary metric and guardrails on the evaluation split (95% bootstrap intervals),
 its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
 seen, peak memory of a training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
-<h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
+{_replicates(comparison)}<h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
 (B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}
 <h2>Run by run</h2>{''.join(sections)}

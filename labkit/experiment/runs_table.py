@@ -154,3 +154,22 @@ def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
                     "B wins/losses/ties": "{wins}/{losses}/{ties}".format(**p["paired"]),
                     "B / A run metrics": ratios or "—"})
     return out
+
+
+def seed_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed of each replicated variant, then the variant across its seeds: the mean, the spread, the gain
+    against its reference with the interval over seeds and examples (and over the examples alone), the verdict."""
+    out = []
+    for v in comparison.get("variants") or []:
+        metric, iv = v["metric"], v.get("interval") or {}
+        for run, seed in zip(v["runs"], v["seeds"]):
+            value = v["per_seed"].get(str(seed))
+            out.append({"variant": v["variant"], "seed": str(seed), "run": run,
+                        metric: "—" if value is None else f"{value:.3f}"})
+        spread = "—" if v["mean"] is None else (f"{v['mean']:.3f} (sd {v['std']:.3f}, {v['min']:.3f}–{v['max']:.3f})"
+                                                 if v["std"] is not None else f"{v['mean']:.3f}")
+        out.append({"variant": v["variant"], "seed": f"mean of {len(v['seeds'])}", "run": "", metric: spread,
+                    "gain vs reference [95% CI, seeds and examples]": fmt_interval(iv.get("diff"), signed=True),
+                    "examples only": fmt_interval(iv.get("diff_examples_only"), signed=True),
+                    "verdict": v["verdict"]})
+    return out

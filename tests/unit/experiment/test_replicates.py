@@ -19,7 +19,8 @@ from labkit.core.replicates import read_replicate, replicates, run_seed
 from labkit.core.run_card import resolved_card
 from labkit.errors import CardError
 from labkit.experiment.compare import compare_experiment
-from labkit.experiment.runs_table import pair_rows, summary_rows
+from labkit.experiment.report import build_report
+from labkit.experiment.runs_table import pair_rows, seed_rows, summary_rows
 from labkit.scoring.metrics import score_predictions
 
 N = 60
@@ -130,6 +131,11 @@ def test_the_comparison_judges_replicated_variants_across_seeds(tmp_path: Path, 
     assert "3 seed(s): 42, 43, 44" in table["A"] and "sd " in table["A value"] and "across seeds" in table["B − A [95% CI]"]
     seeds = [r["seed"] for r in summary_rows(comparison)]
     assert seeds == [f"{s} (replicate {i}/3)" for s, i in ((42, 1), (43, 2), (44, 3))] * 2
+    rows = seed_rows(comparison)  # the report's table: every seed, then the variant across them
+    assert [r["seed"] for r in rows] == ["42", "43", "44", "mean of 3"] * 2
+    assert rows[3]["verdict"] == variants["wide"]["verdict"] and "sd " in rows[3]["field_accuracy"]
+    index = build_report(root, "smoke", resamples=100).read_text()
+    assert "Variants across seeds" in index and all(r.run_id in index for r in wide + tight)
 
 
 def test_a_later_run_of_a_seed_replaces_the_earlier_one_and_an_edited_card_starts_a_new_group(
@@ -144,3 +150,17 @@ def test_a_later_run_of_a_seed_replaces_the_earlier_one_and_an_edited_card_start
     _replicated(root, edited, [0.5])
     comparison = compare_experiment(root, "smoke", resamples=100)
     assert comparison["variants"] == []  # the edited card has one seed so far: nothing to judge across seeds
+
+
+def test_labkit_runs_shows_the_replicate_and_its_seed(tmp_path: Path, repo: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    from labkit.cli.main import main
+
+    root = tmp_path / "runs"
+    runs = _replicated(root, _card(tmp_path, repo, "three", 3), [0.5, 0.6, 0.7])
+    assert main(["--runs", str(root), "runs", "smoke"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["run", "replicate", "status"]
+    for run, shown in zip(runs, ("1/3 seed 42", "2/3 seed 43", "3/3 seed 44")):
+        (line,) = [x for x in lines if x.split()[0] == f"smoke/{run.run_id}"]
+        assert shown in line and "completed" in line
