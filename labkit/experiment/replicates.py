@@ -98,7 +98,13 @@ def _judge(summary: dict[str, Any], card: Card, group: list[dict[str, Any]], ref
                 f"{target.min_improvement} but the {int(interval['level'] * 100)}% interval over seeds and examples "
                 f"[{interval['diff']['low']:+.3f}, {interval['diff']['high']:+.3f}] does not "
                 f"(was: {decided['verdict']})")}
-    summary.update(confirmed=decided["confirmed"], verdict=decided["verdict"], decision=decided)
+    text = decided["verdict"]
+    if not text.startswith("INCONCLUSIVE"):
+        where = (f"; the {int(interval['level'] * 100)}% interval of the gain over seeds and examples is "
+                 f"[{interval['diff']['low']:+.3f}, {interval['diff']['high']:+.3f}]"
+                 if interval and interval["diff"]["low"] is not None else "")
+        text = f"{text.rstrip('.')} (on the mean over {_label(group)}{where})."
+    summary.update(confirmed=decided["confirmed"], verdict=text, decision=decided)
 
 
 def variant_summaries(groups: dict[str, list[dict[str, Any]]], cards: dict[str, Card],
