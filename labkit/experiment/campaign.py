@@ -116,7 +116,8 @@ def build_campaign(timings: dict[str, Any], days: float, price_per_hour: float, 
         left -= cost
     limited_by = ("the grid" if cap == len(grid) and len(planned) == cap else
                   "the validation split" if len(planned) == cap else "the rental's time")
-    best = max(planned, key=lambda v: v["seconds"] / v.get("replicates", 1)) if planned else None  # the longest run: the plan must fit any winner
+    # the longest single run (a variant's seconds cover its seeds): the plan must fit any winner
+    best = max(planned, key=lambda v: v["seconds"] / v.get("replicates", 1)) if planned else None
     cont = train_cost(continuation_factor * best["steps"], best["step_ratio"]) if best else 0.0
     continuation = bool(best) and cont <= left
     left -= cont if continuation else 0.0

@@ -92,7 +92,8 @@ def build_plan(timings: dict[str, Any], days: float, price_per_hour: float, spee
              "check {:.0f} s + 3 process starts".format(*(t[k] for k in INITIAL))),
             ("experiment", variants * cost["variant"],
              f"{variants} variant(s) × {cost['variant'] / 60:.1f} min: "
-             + (f"{seeds} seeds (experiment.replicates) × (" if seeds > 1 else "") + f"{steps} steps × {sps:.2f} s + evaluation "
+             + (f"{seeds} seeds (experiment.replicates) × (" if seeds > 1 else "")
+             + f"{steps} steps × {sps:.2f} s + evaluation "
              f"{evaluation:.0f} s + 2 loads × {setup:.0f} s + 3 process starts × {start:.0f} s (one load and start: "
              "a checkpoint reload)" + (")" if seeds > 1 else "")),
             ("evaluation", cost["evaluation"] if variants else 0.0,

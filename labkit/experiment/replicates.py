@@ -134,8 +134,10 @@ def variant_summaries(groups: dict[str, list[dict[str, Any]]], cards: dict[str, 
             interval = None
         else:
             ref_runs = [group[-1]["base_rows"]] if against == "baseline" else [r["tuned_rows"] for r in ref or []]
-            interval = seed_intervals(ref_runs, [r["tuned_rows"] for r in group], metric, **bootstrap) if ref_runs else None
-            values = interval["b"]["per_seed"] if interval else [r["tuned_metrics"]["overall"].get(metric) for r in group]
+            runs = [r["tuned_rows"] for r in group]
+            interval = seed_intervals(ref_runs, runs, metric, **bootstrap) if ref_runs else None
+            values = interval["b"]["per_seed"] if interval else [r["tuned_metrics"]["overall"].get(metric)
+                                                                 for r in group]
         known = [v for v in values if v is not None]
         mean = sum(known) / len(known) if known else None
         std = (sum((v - mean) ** 2 for v in known) / (len(known) - 1)) ** 0.5 if len(known) > 1 else None

@@ -188,7 +188,8 @@ def _replicates(comparison: dict[str, Any]) -> str:
     """The replicated variants' section: every seed, then the variant across its seeds ("" without replicates)."""
     if not comparison.get("variants"):
         return ""
-    return ("<h2>Variants across seeds</h2><p>Each variant trained with several seeds (<code>experiment.replicates</code>): "
+    return ("<h2>Variants across seeds</h2><p>Each variant trained with several seeds "
+            "(<code>experiment.replicates</code>): "
             "every seed's value, their mean and spread, and the gain against the card's reference with a 95% interval "
             "over seeds and examples (two-level bootstrap, docs/deciding.md#replicates); the verdict is the "
             f"variant's, on the mean over its seeds.</p>{_table(seed_rows(comparison))}")
@@ -238,7 +239,8 @@ run <code>{html.escape(str(reference))}</code>; a run that differs is flagged no
 <h2>Runs</h2><p>Every run's primary metric and guardrails on the evaluation split (95% bootstrap intervals),
 its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
 seen, peak memory of a training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
-{_replicates(comparison)}<h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
+{_replicates(comparison)}
+<h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
 (B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}
 <h2>Run by run</h2>{''.join(sections)}

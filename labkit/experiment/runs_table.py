@@ -150,7 +150,8 @@ def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
                     "B value": fmt_interval(iv["tuned"]) + _seeds(iv["tuned"]),
                     "B − A [95% CI]": fmt_interval(iv["diff"], signed=True) + (
                         f"; across seeds and examples: {p['decision']} (examples only: "
-                        f"{fmt_interval(p['across_seeds']['diff_examples_only'], signed=True)})" if "decision" in p else ""),
+                        f"{fmt_interval(p['across_seeds']['diff_examples_only'], signed=True)})"
+                        if "decision" in p else ""),
                     "B wins/losses/ties": "{wins}/{losses}/{ties}".format(**p["paired"]),
                     "B / A run metrics": ratios or "—"})
     return out

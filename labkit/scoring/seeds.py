@@ -96,7 +96,8 @@ def seed_intervals(a_runs: list[list[dict[str, Any]]], b_runs: list[list[dict[st
         seed: resampling seed (the same seed gives the same intervals).
     Returns:
         {"method", "metric", "n" (examples), "level", "resamples", "a" and "b": {"value", "low", "high" (the mean
-        over seeds and its interval), "per_seed", "mean", "std", "min", "max", "seed_variance_share"}, "diff": {"value", "low", "high"} of
+        over seeds and its interval), "per_seed", "mean", "std", "min", "max", "seed_variance_share"}, "diff":
+        {"value", "low", "high"} of
         B − A over seeds and examples, "diff_examples_only" (seeds held fixed), "seed_pairs": {"b_wins", "b_losses",
         "ties", "of"} (each B seed's value against each A seed's)}.
     Raises:
