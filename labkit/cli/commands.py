@@ -202,6 +202,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
     from labkit.experiment.compare import summary_rows
     from labkit.experiment.report import build_report
+    from labkit.experiment.runs_table import seed_rows
 
     root = _root(args)
     if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
@@ -217,6 +218,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = io.read_json(index.parent / "comparison.json")
     for row in summary_rows(comparison):
         print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    for row in seed_rows(comparison):  # a variant with several seeds: every seed, then the variant across them
+        print("seeds · " + " · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
     if note := lost_events_note(root):
         print(f"labkit: note: {note}")
     print(f"report: {index}")
