@@ -81,6 +81,10 @@ class Experiment(Strict):
     protocol_change: str | None = Field(
         default=None, description="why this variant changes a protocol-fixed key of its experiment (eval, train.seed, "
         "data, budget); without it such a variant is refused, with it it runs and is flagged not comparable")
+    replicates: int = Field(
+        default=1, ge=1, le=100, description="how many times `labkit run` trains this variant, each a run of its own "
+        "with training seed train.seed + i (i = 0 … k-1; same data, split and evaluation): the comparison and the "
+        "verdict then judge the variant across its seeds (docs/deciding.md#replicates)")
 
     @field_validator("id", "variant")
     @classmethod

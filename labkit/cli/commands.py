@@ -71,7 +71,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
-    from labkit.cli.runner import load_all, resume_run, run_card
+    from labkit.cli.runner import load_all, resume_run, run_replicates
 
     if args.resume:
         if args.cards:
@@ -87,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = 0
     for loaded in cards:
         try:
-            run_card(loaded, _root(args, loaded.path.parent), nb_dir)
+            run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
         except LabkitError as exc:  # report, go on with the next card
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
@@ -186,8 +186,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no runs in {root}")
         return 0
-    header = ("run", "status", "stage", "updated", "result / error")
-    table = [(f"{r['experiment']}/{r['run_id']}", R.status_label(r), r.get("stage", ""), r.get("updated", ""),
+    header = ("run", "replicate", "status", "stage", "updated", "result / error")
+    table = [(f"{r['experiment']}/{r['run_id']}",  # experiment.replicates: index/count and the seed
+              f"{r['replicate']}/{r.get('replicates')} seed {r.get('seed')}" if r.get("replicate") else "",
+              R.status_label(r), r.get("stage", ""), r.get("updated", ""),
               _result(r["summary"]) if r.get("summary") else (r.get("error") or "")[:70]) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     for line in [header, tuple("-" * w for w in widths), *table]:
@@ -201,6 +203,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
     from labkit.experiment.compare import summary_rows
     from labkit.experiment.report import build_report
+    from labkit.experiment.runs_table import seed_rows
 
     root = _root(args)
     if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
@@ -216,6 +219,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     comparison = io.read_json(index.parent / "comparison.json")
     for row in summary_rows(comparison):
         print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    for row in seed_rows(comparison):  # a variant with several seeds: every seed, then the variant across them
+        print("seeds · " + " · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
     if note := lost_events_note(root):
         print(f"labkit: note: {note}")
     print(f"report: {index}")

@@ -18,6 +18,7 @@ from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV
 from labkit.core.progress import FILE as PROGRESS_FILE
+from labkit.core.replicates import Replicate, replicates
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.card_check import check_card
@@ -175,7 +176,7 @@ def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | Non
 
 
 def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
-             log: Callable[[str], None] = _say) -> R.Run:
+             log: Callable[[str], None] = _say, replicate: Replicate | None = None) -> R.Run:
     """Run the stages of one card in a new run folder.
 
     Args:
@@ -184,6 +185,7 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
         nb_dir: the template notebooks.
         stages: which stages, in order.
         log: where progress lines go.
+        replicate: which replicate of the card (`run_replicates` passes each), or None.
     Returns:
         the completed Run.
     Raises:
@@ -193,11 +195,22 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     from labkit.core.environment import capture
 
     check_card(loaded, root)  # before anything is created
-    run = R.new_run(loaded, root, mode="batch")
+    run = R.new_run(loaded, root, mode="batch", replicate=replicate)
     io.write_json(run.dir / "env.json", capture())
-    log(f"run {run.experiment}/{run.run_id}")
+    log(f"run {run.experiment}/{run.run_id}" + (f" (replicate {replicate['index']}/{replicate['of']}, seed "
+                                               f"{replicate['seed']})" if replicate else ""))
     _execute(run, stages, nb_dir, log)
     return run
+
+
+def run_replicates(loaded: LoadedCard, root: Path, nb_dir: Path, log: Callable[[str], None] = _say) -> list[R.Run]:
+    """`run_card` once, or once per replicate (`experiment.replicates`: seeds train.seed + 0 … k-1, a run folder each,
+    stage 01's baseline reused from the experiment's cache; a failed replicate stops the later ones).
+
+    Returns: the completed runs, in seed order.
+    """
+    reps = replicates(loaded.card) if loaded.card.experiment.replicates > 1 else [None]
+    return [run_card(loaded, root, nb_dir, log=log, replicate=rep) for rep in reps]
 
 
 def check_training_restart(run: R.Run, restart: bool) -> None:

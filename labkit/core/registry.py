@@ -156,7 +156,8 @@ def status_label(row: dict[str, Any]) -> str:
 
 
 def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fold registry events into one row per run (its latest status, last stage, error, `stopped_by`)."""
+    """Fold registry events into one row per run (its latest status, last stage, error, `stopped_by`; a replicate's
+    `replicate` index, `replicates` count and training `seed`)."""
     runs: dict[str, dict[str, Any]] = {}
     for event in events:
         row = runs.setdefault(event["run_id"], {"run_id": event["run_id"], "experiment": event.get("experiment"),
@@ -180,6 +181,8 @@ def summarise(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["error"] = f"{status_label(row)}: {event.get('note') or 'stopped by the time budget'}"
         if "summary" in event:
             row["summary"] = event["summary"]
+        if "replicate" in event:  # a replicate of its variant (labkit.core.replicates): index, count, seed
+            row.update({k: event[k] for k in ("replicate", "replicates", "seed") if k in event})
     return list(runs.values())
 
 

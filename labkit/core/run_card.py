@@ -1,4 +1,5 @@
-"""The card one run uses: the validated card, the hub commits the run recorded and its recorded generation length.
+"""The card one run uses: the validated card, the hub commits the run recorded, its recorded generation length and a
+replicate's training seed (`labkit.core.replicates`).
 
 A run resolves its card once and never changes it: `labkit.core.protocol.pin_card` records the exact commits of
 `hf:` sources in `pins.json` when the run opens, and stage 01 sizes `eval.max_new_tokens` from the data when the
@@ -15,6 +16,7 @@ from labkit.card.schema import Card
 from labkit.card.update import updated
 from labkit.core import io
 from labkit.core.protocol import pinned, read_pins
+from labkit.core.replicates import with_replicate_seed
 
 GENERATION_LENGTH = "generation_length.json"
 
@@ -48,7 +50,8 @@ def with_length(card: Card, run_dir: Path | str) -> Card:
 
 
 def resolved_card(card: Card, run_dir: Path | str) -> Card:
-    """The card a run uses: its recorded hub commits (pins.json) and generation length put into the card.
+    """The card a run uses: its recorded hub commits (pins.json), generation length and, for a replicate, its training
+    seed (replicate.json, `labkit.core.replicates`) put into the card.
 
     Args:
         card: the validated card (the run's archived card.yaml, loaded).
@@ -56,7 +59,7 @@ def resolved_card(card: Card, run_dir: Path | str) -> Card:
     Returns:
         the resolved card; `eval.max_new_tokens` stays None while the run has not sized it (before stage 01).
     """
-    return with_length(pinned(card, read_pins(Path(run_dir))), run_dir)
+    return with_replicate_seed(with_length(pinned(card, read_pins(Path(run_dir))), run_dir), run_dir)
 
 
 def complete(card: Card) -> bool:

@@ -19,6 +19,7 @@ from labkit.card.load import LoadedCard, dump_yaml
 from labkit.card.shipped import is_shipped
 from labkit.core.heartbeat import is_dead
 from labkit.core.io import read_json, utc_now, write_atomic, write_json
+from labkit.core.replicates import Replicate, record_replicate
 from labkit.core.registry import append, read_registry, status_label, summarise  # noqa: F401 (R.summarise…)
 from labkit.errors import MissingInput, RunStateError, StorageError, UsageError
 
@@ -90,13 +91,16 @@ class Run:
         return read_json(self.status_path)
 
 
-def new_run(loaded: LoadedCard, root: Path, mode: str = "batch") -> Run:
+def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Replicate | None = None) -> Run:
     """Create a run folder with the archived card, its diff and status, and register it.
 
     Args:
         loaded: the validated card.
         root: the runs root.
         mode: "batch" (labkit run) or "interactive" (a notebook opened by hand).
+        replicate: which replicate of the card this run is (`labkit.core.replicates`): its replicate.json, and
+            its index, count and seed in status.json and the registry's `started` event; None for a run of a card
+            without replicates.
     Returns:
         the Run.
     Callers check the experiment's protocol first (`labkit.core.protocol.check_protocol`).
@@ -115,12 +119,16 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch") -> Run:
     write_atomic(run.card_path, dump_yaml(loaded.resolved))
     write_atomic(folder / "card.diff.yaml", dump_yaml({"parent": str(loaded.chain[1]) if len(loaded.chain) > 1 else None,
                                                        "changed": loaded.diff}))
+    seeds = {}
+    if replicate is not None:
+        record_replicate(folder, replicate)
+        seeds = {"replicate": replicate["index"], "replicates": replicate["of"], "seed": replicate["seed"]}
     write_json(run.status_path, {
         "run_id": run.run_id, "experiment": card.experiment.id, "variant": card.experiment.variant,
         "card_hash": loaded.hash, "card_values": card_values(loaded), "card_source": str(loaded.path), "mode": mode,
-        "status": "running",
+        "status": "running", **seeds,
         "created": utc_now(), "stages": {}, "pid": os.getpid(), "host": socket.gethostname()})
-    record(run, "started", status="running", mode=mode, card_source=str(loaded.path), card_hash=loaded.hash)
+    record(run, "started", status="running", mode=mode, card_source=str(loaded.path), card_hash=loaded.hash, **seeds)
     return run
 
 

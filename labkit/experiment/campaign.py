@@ -42,7 +42,7 @@ def variant_of(card: Any, train_rows: int | None, reference: dict[str, Any]) -> 
         raise UsageError(f"{card.experiment.variant}: no train.max_steps and the training split's size is unmeasured")
     size = t.micro_batch * t.grad_accum * card.data.max_length
     return {"variant": card.experiment.variant, "steps": steps, "step_ratio": size / reference["step_size"],
-            "save_steps": t.save_steps or max(1, steps // 4)}
+            "save_steps": t.save_steps or max(1, steps // 4), "replicates": card.experiment.replicates}
 
 
 def interval_width(root: Path, experiment: str, metric: str) -> tuple[float, str] | None:
@@ -68,7 +68,8 @@ def build_campaign(timings: dict[str, Any], days: float, price_per_hour: float, 
     Args:
         timings: {"seconds": {baseline, preprocessing, parameter_check, seconds_per_step, evaluation, …}, "card": …}.
         days, price_per_hour: the rental.
-        grid: variants in priority order, {"variant", "steps", "step_ratio", "save_steps"} (`variant_of`).
+        grid: variants in priority order, {"variant", "steps", "step_ratio", "save_steps", "replicates"} (`variant_of`;
+            a variant with replicates costs one training run and evaluation per seed).
         width: the paired interval width of the primary metric's gain (None: not measured, no cap from the split).
         spread: the range of gains the variants are expected to span (the split separates ⌊spread / width⌋ + 1).
         setup_hours: machine set-up (drivers, environment, model download) — assumed.
@@ -108,14 +109,15 @@ def build_campaign(timings: dict[str, Any], days: float, price_per_hour: float, 
     left = usable - fixed
     planned: list[dict[str, Any]] = []
     for v in grid[:cap]:
-        cost = train_cost(v["steps"], v["step_ratio"])
+        cost = v.get("replicates", 1) * train_cost(v["steps"], v["step_ratio"])  # one run per seed
         if cost > left:
             break
         planned.append({**v, "seconds": cost})
         left -= cost
     limited_by = ("the grid" if cap == len(grid) and len(planned) == cap else
                   "the validation split" if len(planned) == cap else "the rental's time")
-    best = max(planned, key=lambda v: v["seconds"]) if planned else None  # the longest: the plan must fit any winner
+    # the longest single run (a variant's seconds cover its seeds): the plan must fit any winner
+    best = max(planned, key=lambda v: v["seconds"] / v.get("replicates", 1)) if planned else None
     cont = train_cost(continuation_factor * best["steps"], best["step_ratio"]) if best else 0.0
     continuation = bool(best) and cont <= left
     left -= cont if continuation else 0.0
@@ -124,7 +126,9 @@ def build_campaign(timings: dict[str, Any], days: float, price_per_hour: float, 
     rows = [("set-up", setup, None, f"assumed {setup_hours:g} h: drivers, environment, model download"),
             ("initial checks (01–03)", initial, None, "stages 01 baseline, 02 preprocessing, 03 parameter check"),
             *((f"variant {v['variant']}", v["seconds"], interval(v["step_ratio"]),
-               f"{v['steps']} steps × {sps * v['step_ratio']:.2f} s + evaluation") for v in planned),
+               (f"{v['replicates']} seeds × (" if v.get("replicates", 1) > 1 else "")
+               + f"{v['steps']} steps × {sps * v['step_ratio']:.2f} s + evaluation"
+               + (")" if v.get("replicates", 1) > 1 else "")) for v in planned),
             ("continuation of the best", cont if continuation else 0.0,
              interval(best["step_ratio"]) if continuation else None,
              f"{continuation_factor:g} × the best variant's steps (sized for the longest, {best['variant']})"

@@ -26,9 +26,11 @@ from labkit.core.protocol import (
     protocol_changes,
     run_protocol,
 )
+from labkit.core.replicates import read_replicate, run_seed
 from labkit.errors import MissingInput
 from labkit.evaluate.verdict import paired, verdict
 from labkit.experiment.openings import openings
+from labkit.experiment.replicates import card_key, seed_groups, variant_summaries
 from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
@@ -98,8 +100,10 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         run row has status and reason, and for runs with results: changed keys ({key: {old, new}}), comparable (+
         protocol changes and the card's protocol_change reason), run metrics, verdict against the card's reference,
         intervals against the baseline (and against the reference variant), paired wins/losses/ties and
-        concentration on the primary metric's per-example value (None for a run metric). "pairs" holds the paired
-        intervals between every two comparable runs.
+        concentration on the primary metric's per-example value (None for a run metric), its training "seed" (and
+        "replicate", "replicates" for a replicate). "pairs" holds the paired intervals between every two comparable
+        runs, and between variants across their seeds where one has several; "variants" judges each variant with
+        several seeds across them (labkit.experiment.replicates.variant_summaries).
     """
     R.mark_dead_runs(root)  # a run whose process died is shown interrupted, never running
     rows = experiment_runs(root, experiment, current)
@@ -137,6 +141,7 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
             "tuned_metrics": io.read_json(folder / "comparison" / "tuned_metrics.json"),
             "baseline_key": (io.read_json(folder / "baseline" / "baseline_key.json") or {}).get("key")
             if (folder / "baseline" / "baseline_key.json").exists() else None,
+            "seed": run_seed(folder, raw), "card_key": card_key(raw), **_replicate(folder),
         })
         row.setdefault("run_metrics", run_metrics(folder))
     for row in rows:
@@ -145,12 +150,20 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
             names = [row["primary_metric"], *row["guardrail_metrics"]]
             _judge_variant_row(row, rows, card, [n for n in names if n not in RUN_METRICS] or ["exact_match"], bootstrap)
     pairs = pairwise(rows, bootstrap)
+    variants = variant_summaries(seed_groups(rows), cards, bootstrap)
     for row in rows:  # the per-example rows served the statistics; the comparison keeps their results only
-        for key in ("base_rows", "tuned_rows", "baseline_metrics", "tuned_metrics"):
+        for key in ("base_rows", "tuned_rows", "baseline_metrics", "tuned_metrics", "card_key"):
             row.pop(key, None)
     return {"experiment": experiment, "generated": io.utc_now(), "reference": reference,
             "reference_protocol": ref_protocol, "protocol_keys": [*PROTOCOL_KEYS, "data_version", "preference_version"],
-            "bootstrap": bootstrap, "runs": rows, "pairs": pairs, "test_openings": openings(root, experiment)}
+            "bootstrap": bootstrap, "runs": rows, "pairs": pairs, "variants": variants,
+            "test_openings": openings(root, experiment)}
+
+
+def _replicate(folder: Path) -> dict[str, Any]:
+    """A replicate's index and count ({} for a run without replicates)."""
+    found = read_replicate(folder)
+    return {"replicate": found["index"], "replicates": found["of"]} if found else {}
 
 
 def _load_card(root: Path, experiment: str, run_id: str | None) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 The seed protocol of an experiment on a rented GPU, in five phases: initial check (stages 01–03),
 experiment (variants: a training run and its evaluation each), evaluation (`labkit compare` and the
 one-time test opening `labkit final`), continuation (a longer run of the chosen variant, or resuming
-one) and export (`labkit export`: save, then a reload check in a fresh process).
+one) and export (`labkit export`: save, then a reload check in a fresh process). A card with
+`experiment.replicates: k` costs k training runs and evaluations per variant.
 
 No duration is invented: `labkit.experiment.timings.measured_timings` takes them from earlier runs in the runs
 root, as medians naming the runs; `build_plan` is the arithmetic on those numbers. The plan is for the machine the timings were measured on; `--speedup X` divides the compute times
@@ -60,13 +61,14 @@ def build_plan(timings: dict[str, Any], days: float, price_per_hour: float, spee
         raise UsageError("give a positive limit on the work an interruption may lose (minutes or rental fraction)")
     t = {k: v / speedup if k in SCALED else v for k, v in timings["seconds"].items()}
     card, sps = timings["card"], t["seconds_per_step"]
+    seeds = card.get("replicates", 1)  # experiment.replicates: each variant trained and evaluated once per seed
     start, setup, steps = t.get("process_start", 0.0), t.get("train_setup", 0.0), card["steps"]
     evaluation = t.get("evaluation", t["baseline"])
     rows_known = card.get("test_rows") and card.get("validation_rows")
     ratio = card["test_rows"] / card["validation_rows"] if rows_known else 1.0
     reload = start + setup  # room to reload a checkpoint in a new process
     cost = {"initial": sum(t[k] for k in INITIAL) + 3 * start,
-            "variant": steps * sps + evaluation + setup + 2 * start + reload,
+            "variant": seeds * (steps * sps + evaluation + setup + 2 * start + reload),
             # labkit compare (reads data) + labkit final (base and tuned model on the test split)
             "evaluation": 2 * start + t.get("final", 2 * evaluation * ratio),
             "continuation": continuation_factor * steps * sps + evaluation + setup + 2 * start + reload,
@@ -89,9 +91,11 @@ def build_plan(timings: dict[str, Any], days: float, price_per_hour: float, spee
     rows = [("initial check", cost["initial"], "01 baseline {:.0f} s + 02 preprocessing {:.0f} s + 03 parameter "
              "check {:.0f} s + 3 process starts".format(*(t[k] for k in INITIAL))),
             ("experiment", variants * cost["variant"],
-             f"{variants} variant(s) × {cost['variant'] / 60:.1f} min: {steps} steps × {sps:.2f} s + evaluation "
+             f"{variants} variant(s) × {cost['variant'] / 60:.1f} min: "
+             + (f"{seeds} seeds (experiment.replicates) × (" if seeds > 1 else "")
+             + f"{steps} steps × {sps:.2f} s + evaluation "
              f"{evaluation:.0f} s + 2 loads × {setup:.0f} s + 3 process starts × {start:.0f} s (one load and start: "
-             "a checkpoint reload)"),
+             "a checkpoint reload)" + (")" if seeds > 1 else "")),
             ("evaluation", cost["evaluation"] if variants else 0.0,
              "labkit compare + labkit final (" + (f"measured {t['final']:.0f} s" if "final" in t else
                                                   f"base and tuned: 2 × {ratio:.2f} × validation evaluation") + ")"),
@@ -184,6 +188,7 @@ def make_plan(card: str | Path, days: float, price_per_hour: float | None = None
     loaded = load_card(card)
     root = Path(root).resolve() if root else R.runs_root(loaded.path.parent)
     timings = measured_timings(loaded, root)
+    timings["card"]["replicates"] = loaded.card.experiment.replicates  # each variant's runs (build_plan)
     price = timings["card"]["price_per_hour"] if price_per_hour is None else price_per_hour
     if grid:
         return _campaign(loaded, root, timings, days, price, grid, spread, setup_hours, options)

@@ -26,7 +26,7 @@ from labkit.core.io import read_jsonl
 from labkit.core.run_card import recorded_length
 from labkit.evaluate.human import RATINGS, human_verdict
 from labkit.experiment.compare import compare_experiment
-from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, summary_rows
+from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
 from labkit.scoring.stopping import stopping_line
 from labkit.show import plots
 from labkit.show.plots import CATEGORY_TITLES
@@ -199,6 +199,17 @@ def _stopping(run_dir: Path) -> str:
     return stopping_line(named, limit)
 
 
+def _replicates(comparison: dict[str, Any]) -> str:
+    """The replicated variants' section: every seed, then the variant across its seeds ("" without replicates)."""
+    if not comparison.get("variants"):
+        return ""
+    return ("<h2>Variants across seeds</h2><p>Each variant trained with several seeds "
+            "(<code>experiment.replicates</code>): "
+            "every seed's value, their mean and spread, and the gain against the card's reference with a 95% interval "
+            "over seeds and examples (two-level bootstrap, docs/deciding.md#replicates); the verdict is the "
+            f"variant's, on the mean over its seeds.</p>{_table(seed_rows(comparison))}")
+
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:auto}
 td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
@@ -244,6 +255,7 @@ run <code>{html.escape(str(reference))}</code>; a run that differs is flagged no
 its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
 seen (counted, padding excluded), tokens per second and model FLOPs utilisation (docs/cost.md), peak memory of a
 training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
+{_replicates(comparison)}
 <h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
 (B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}

@@ -6,6 +6,7 @@ from itertools import combinations
 from typing import Any
 
 from labkit.evaluate.verdict import paired
+from labkit.experiment.replicates import seed_groups, variant_pairs
 from labkit.scoring.bootstrap import paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
 from labkit.show.tables import fmt_gib, fmt_seconds
@@ -59,6 +60,8 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     for row in comparison["runs"]:
         metrics = row.get("run_metrics") or {}
         flat: dict[str, Any] = {"run": row["run_id"], "status": row["status"]}  # the run id starts with the variant
+        if row.get("replicate"):  # a replicate of its variant (experiment.replicates)
+            flat["seed"] = f"{row.get('seed')} (replicate {row['replicate']}/{row.get('replicates')})"
         if "intervals" in row:
             primary = row["primary_metric"]
             against = row.get("against", "baseline")
@@ -95,16 +98,22 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
-    """Paired intervals between every two comparable completed runs evaluated on the same examples.
+    """Paired intervals between every two comparable completed runs evaluated on the same examples; a variant with
+    several seeds (`experiment.replicates`) is compared as a variant, across its seeds
+    (`labkit.experiment.replicates.variant_pairs`), and its runs are not paired one by one.
 
     Args:
-        rows: compare_experiment's run rows, still holding "tuned_rows".
+        rows: compare_experiment's run rows, still holding "tuned_rows" (and "seed", "card_key").
         bootstrap: resamples, level, seed.
     Returns:
         one entry per pair (a older than b): {"a", "b", "metric", "interval" ({baseline: a, tuned: b, diff: b − a}),
-        "paired" (b against a per example), "run_metrics": {name: {"a", "b", "ratio"}}}.
+        "paired" (b against a per example), "run_metrics": {name: {"a", "b", "ratio"}}}; a pair across seeds also
+        has "a_runs", "b_runs", "seeds", "across_seeds" and "decision".
     """
-    done = [r for r in rows if "tuned_rows" in r and r.get("comparable") and r["status"] == "completed"]
+    groups = seed_groups(rows)
+    replicated = {variant for variant, group in groups.items() if len(group) > 1}
+    done = [r for r in rows if "tuned_rows" in r and r.get("comparable") and r["status"] == "completed"
+            and r["variant"] not in replicated]
     out = []
     for a, b in combinations(done, 2):
         if a.get("baseline_key") != b.get("baseline_key") or a["primary_metric"] != b["primary_metric"]:
@@ -120,7 +129,23 @@ def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict
         out.append({"a": a["run_id"], "b": b["run_id"], "a_variant": a["variant"], "b_variant": b["variant"],
                     "metric": metric, "interval": interval, "paired": paired(a["tuned_rows"], b["tuned_rows"], metric),
                     "run_metrics": run})
-    return out
+    return out + variant_pairs(groups, bootstrap)
+
+
+def _side(pair: dict[str, Any], side: str) -> str:
+    """A pair's side: its variant and run, or its variant and seeds (a pair across seeds)."""
+    seeds = (pair.get("seeds") or {}).get(side)
+    if seeds is None:
+        return f"{pair[side + '_variant']} · {pair[side]}"
+    return f"{pair[side + '_variant']} · {len(seeds)} seed(s): {', '.join(str(s) for s in seeds)}"
+
+
+def _seeds(leaf: dict[str, Any]) -> str:
+    """A mean over seeds' per-seed values and spread ("" for one run)."""
+    if len(leaf.get("per_seed") or []) < 2:
+        return ""
+    each = " / ".join(f"{v:.3f}" for v in leaf["per_seed"])
+    return f"; seeds {each} (sd {leaf['std']:.3f}, {leaf['min']:.3f}–{leaf['max']:.3f})"
 
 
 def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
@@ -129,9 +154,32 @@ def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     for p in comparison.get("pairs") or []:
         iv = p["interval"]
         ratios = ", ".join(f"{k} ×{v['ratio']:.2f}" for k, v in p["run_metrics"].items() if v["ratio"] is not None)
-        out.append({"A": f"{p['a_variant']} · {p['a']}", "B": f"{p['b_variant']} · {p['b']}", "metric": p["metric"],
-                    "A value": fmt_interval(iv["baseline"]), "B value": fmt_interval(iv["tuned"]),
-                    "B − A [95% CI]": fmt_interval(iv["diff"], signed=True),
+        out.append({"A": _side(p, "a"), "B": _side(p, "b"), "metric": p["metric"],
+                    "A value": fmt_interval(iv["baseline"]) + _seeds(iv["baseline"]),
+                    "B value": fmt_interval(iv["tuned"]) + _seeds(iv["tuned"]),
+                    "B − A [95% CI]": fmt_interval(iv["diff"], signed=True) + (
+                        f"; across seeds and examples: {p['decision']} (examples only: "
+                        f"{fmt_interval(p['across_seeds']['diff_examples_only'], signed=True)})"
+                        if "decision" in p else ""),
                     "B wins/losses/ties": "{wins}/{losses}/{ties}".format(**p["paired"]),
                     "B / A run metrics": ratios or "—"})
+    return out
+
+
+def seed_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed of each replicated variant, then the variant across its seeds: the mean, the spread, the gain
+    against its reference with the interval over seeds and examples (and over the examples alone), the verdict."""
+    out = []
+    for v in comparison.get("variants") or []:
+        metric, iv = v["metric"], v.get("interval") or {}
+        for run, seed in zip(v["runs"], v["seeds"]):
+            value = v["per_seed"].get(str(seed))
+            out.append({"variant": v["variant"], "seed": str(seed), "run": run,
+                        metric: "—" if value is None else f"{value:.3f}"})
+        spread = "—" if v["mean"] is None else (f"{v['mean']:.3f} (sd {v['std']:.3f}, {v['min']:.3f}–{v['max']:.3f})"
+                                                 if v["std"] is not None else f"{v['mean']:.3f}")
+        out.append({"variant": v["variant"], "seed": f"mean of {len(v['seeds'])}", "run": "", metric: spread,
+                    "gain vs reference [95% CI, seeds and examples]": fmt_interval(iv.get("diff"), signed=True),
+                    "examples only": fmt_interval(iv.get("diff_examples_only"), signed=True),
+                    "verdict": v["verdict"]})
     return out

@@ -23,6 +23,7 @@ import yaml
 
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.replicates import read_replicate
 from labkit.core.secrets import redact
 from labkit.stages import records
 
@@ -133,6 +134,8 @@ def mirror_run(run: R.Run, uri: str, final: bool = False, report: Path | None = 
     data_version = io.read_json(manifest).get("data_version") if manifest.exists() else None
     if data_version:
         params["data_version"] = str(data_version)
+    if replicate := read_replicate(run.dir):  # the seed this replicate trained with (card.yaml keeps the card's)
+        params.update({"train.seed": str(replicate["seed"]), "replicate": f"{replicate['index']}/{replicate['of']}"})
     known = client.get_run(mlflow_run).data.params
     new = [Param(k, v) for k, v in params.items() if k not in known]  # a parameter is sent once
     now = _now_ms()

@@ -58,3 +58,14 @@ def test_grid_entries_from_cards(tmp_path) -> None:
     assert len(cards) >= 4
     four = [variant_of(load_card(p).card, 240, TIMINGS["card"]) for p in cards[:4]]
     assert all(v["steps"] >= 1 and v["step_ratio"] > 0 for v in four)
+
+
+def test_a_variant_with_replicates_costs_one_run_per_seed() -> None:
+    grid = [{**GRID[0], "replicates": 3}, *GRID[1:]]
+    plan = build_campaign(TIMINGS, 30, 2.0, grid)
+    hours = {p["phase"]: p for p in plan["phases"]}
+    assert hours["variant v0"]["seconds"] == pytest.approx(3 * 40870) and "3 seeds × (" in hours["variant v0"]["notes"]
+    assert hours["variant v1"]["seconds"] == pytest.approx(40870)
+    assert hours["continuation of the best"]["seconds"] == pytest.approx(80870)  # one longer run, not three
+    card = load_card(REPO / "params" / "examples" / "ticket-replicates.yaml").card
+    assert variant_of(card, 240, TIMINGS["card"] | {"step_size": 4 * 384})["replicates"] == 3

@@ -58,3 +58,18 @@ def test_a_failing_store_warns_one_line_and_never_raises(tmp_path: Path, capsys:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"labkit: warning: the MLflow mirror of {run.run_id} was not updated")
     assert run.status()["status"] == "running"  # the run itself is untouched
+
+
+def test_a_replicate_is_mirrored_with_the_seed_it_trained_with(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from labkit.core.replicates import replicates
+
+    card = tmp_path / "card.yaml"
+    card.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\nexperiment: {{replicates: 3}}\n"
+                    "tracking: {mlflow: {uri: 'sqlite:///mlflow.db'}}\n")
+    loaded = load_card(card)
+    run = R.new_run(loaded, tmp_path / "runs", replicate=replicates(loaded.card)[1])
+    state = mirror_run(run, "sqlite:///mlflow.db")
+    params = MlflowClient(state["uri"]).get_run(state["run_id"]).data.params
+    assert params["train.seed"] == "43" and params["replicate"] == "2/3" and params["experiment.replicates"] == "3"

@@ -313,3 +313,19 @@ def test_cli_campaign_over_a_grid_of_four_cards(runs_root: Path, capsys: pytest.
         assert "4 of 4 listed variant(s) planned (limited by the grid" in out  # never the 3353 copies of before
         assert "continuation of the best" in out and "assumed: set-up: 1 h" in out and "measured: seconds_per_step" in out
     assert len(list((runs_root / "ticket-triage" / "_plans").glob("campaign-*.json"))) == 3
+
+
+def test_replicates_multiply_each_variants_runs() -> None:
+    """experiment.replicates: 3 trains and evaluates every variant three times (one run per seed)."""
+    one = P.build_plan(timings(), days=0.5, price_per_hour=2.0)
+    t = timings()
+    t["card"]["replicates"] = 3
+    three = P.build_plan(t, days=0.5, price_per_hour=2.0)
+    assert three["variant_seconds"] == pytest.approx(3 * 750)
+    # 36720 − (210 + 2250 + 260 + 80) = 33920; − 1350 continuation (one run) = 32570 = 14 × 2250 + 1070
+    assert three["variants"] == 15 and one["variants"] == 46
+    phases = {p["phase"]: p for p in three["phases"]}
+    assert phases["experiment"]["seconds"] == pytest.approx(15 * 2250)
+    assert phases["continuation"]["seconds"] == pytest.approx(1350)
+    assert "3 seeds (experiment.replicates)" in phases["experiment"]["notes"]
+    assert sum(p["seconds"] for p in three["phases"]) == pytest.approx(43200)
