@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 
 from labkit.card.schema import Card
 from labkit.evaluate.power import POWER, gain_statistics
+from labkit.evaluate.verdict_text import detectable_text, interval_text, stopping_text
 from labkit.scoring.metrics import RUN_METRICS, example_key, metric_value
 
 # the default guardrail's floor on the tuned stop_rate, when the reference stops more often (`default_stop_check`)
@@ -252,24 +253,6 @@ _STATS = ("n", "groups", "level", "gain_low", "gain_high", "ratio_low", "ratio_h
           "examples_needed")
 
 
-def _interval_text(p: PrimaryCheck) -> str:
-    """"gain +0.578, 95% interval [+0.517, +0.639] on n = 60 examples" (or a run metric's point rule)."""
-    if p.get("rule") == "point":
-        return f"{p['metric']} is a run metric, one number per run: judged on that number, without an interval"
-    groups = f" in {p['groups']} groups" if p.get("groups") else ""
-    if p.get("gain_low") is None:
-        return f"n = {p.get('n')} examples{groups}"
-    return (f"gain {p['gain']:+.3f}, {p['level'] * 100:g}% interval [{p['gain_low']:+.3f}, {p['gain_high']:+.3f}] on "
-            f"n = {p['n']} examples{groups}")
-
-
-def _detectable_text(p: PrimaryCheck) -> str:
-    """"the smallest gain n = 60 examples detect with 80% power is +0.391" (empty without it)."""
-    if p.get("detectable_gain") is None:
-        return ""
-    return f"the smallest gain n = {p['n']} examples detect with {POWER:.0%} power is {p['detectable_gain']:+.3f}"
-
-
 def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
             reference: dict[str, Any] | None = None, reference_run: str | None = None, *,
             reference_rows: list[dict[str, Any]] | None = None, tuned_rows: list[dict[str, Any]] | None = None,
@@ -321,9 +304,10 @@ def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
     decision = ("confirmed" if primary["ok"] and not failed else
                 "inconclusive" if primary.get("point_ok") and not failed else "not confirmed")
     who = f"variant {target.against} (run {reference_run})" if against_variant else "the baseline"
-    interval, detectable = _interval_text(primary), _detectable_text(primary)
+    interval, detectable = interval_text(primary), detectable_text(primary)
     rails_ok = f"all {len(rails)} guardrail checks pass" if rails else "no guardrails to check"
-    tail = (f"; {detectable}" if detectable else "") + f"; {rails_ok}."
+    stops = stopping_text(ref, tuned)
+    tail = (f"; {detectable}" if detectable else "") + (f"; {stops}" if stops else "") + f"; {rails_ok}."
     if decision == "confirmed":
         rules = "; ".join(f"{k} {v}" for k, v in (("gain ≥", target.min_improvement), ("ratio ≤", target.max_ratio),
                                                     ("ratio ≥", target.min_ratio)) if v is not None)
@@ -341,7 +325,7 @@ def verdict(card: Card, baseline: dict[str, Any], tuned: dict[str, Any],
         parts = [primary["why"]] if not primary["ok"] and primary["why"] else []
         parts += [f"{r['metric']} {r['why']}" for r in failed]
         evidence = "; ".join(x for x in (interval if primary.get("n") or primary.get("rule") == "point" else "",
-                                         detectable) if x)
+                                         detectable, stops) if x)
         text = f"NOT CONFIRMED against {who}: " + "; ".join(parts) + (f" ({evidence})." if evidence else ".")
     return {"against": target.against, "reference_run": reference_run, "primary": primary, "guardrails": rails,
             "confirmed": decision == "confirmed", "decision": decision, "verdict": text}

@@ -150,6 +150,13 @@ def test_text_and_json_cards_get_the_default_stop_guardrail(name: str) -> None:
     decision = verdict(card, _m(1.0), _m(0.9, field_accuracy=1.0, rougeL=1.0, exact_match=1.0),
                        reference_rows=base_rows, tuned_rows=tuned_rows)
     assert decision["confirmed"] is False and "stop_rate 0.900 < 0.950" in decision["verdict"]
+    sure = {"mean_length_ratio": 1.0}
+    confirmed = verdict(card, _m(0.0, field_accuracy=0.0, rougeL=0.0, exact_match=0.0, **sure),
+                        _m(1.0, field_accuracy=1.0, rougeL=1.0, exact_match=1.0, **sure),
+                        reference_rows=base_rows, tuned_rows=tuned_rows)
+    assert confirmed["decision"] == "confirmed", confirmed["verdict"]
+    assert "stop_rate 0.00 → 1.00 (answers that ended before eval.max_new_tokens)" in confirmed["verdict"]
+    assert "n = 40 examples" in confirmed["verdict"]
 
 
 def test_label_cards_old_runs_and_declared_guardrails_have_no_default() -> None:
