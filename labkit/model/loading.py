@@ -175,16 +175,19 @@ def baseline_quantize(card: Card) -> bool:
     return card.method.kind == "qlora" and not card.method.quantisation.unquantised_baseline
 
 
-def baseline_numerics(card: Card, device: str | DeviceProfile) -> dict[str, Any]:
-    """What makes the baseline's numbers those of one numeric model: device type, weights' dtype, quantisation.
+def baseline_numerics(card: Card, device: str | DeviceProfile, model_type: str | None = None) -> dict[str, Any]:
+    """What makes the baseline's numbers those of one numeric model: device type, weights' dtype, attention (as the
+    architecture has it: `for_architecture`), quantisation.
 
     Args:
         card: the card.
         device: this machine's device ("cuda", "cpu"), or a device profile.
+        model_type: the model config's model_type (Phi in float16 computes its attention scores in float32).
     Returns:
         {"device", "dtype", "attention", "quantisation": {"type", "double_quant", "compute_dtype"} | None}.
     """
     made = decide(card, device, world_size=1, kernels={}) if isinstance(device, DeviceProfile) else decisions(card, device)
+    made = for_architecture(made, card, model_type)
     quantised = baseline_quantize(card)
     q = card.method.quantisation if quantised else None
     return {"device": made.device, "dtype": made.weight_dtype, "attention": made.attention,

@@ -78,7 +78,8 @@ def baseline_key(stage: Stage) -> str:
     what = {
         "model_revision": stage.model_source.revision,
         "model_dtype": card.model.dtype,
-        "numerics": baseline_numerics(card, stage.device),  # a CPU float32 baseline is not a GPU 4-bit one
+        # a CPU float32 baseline is not a GPU 4-bit one; Phi in float16 computes its scores in float32
+        "numerics": baseline_numerics(card, stage.device, stage.model_config.model_type),
         "eval_split_sha256": manifest["split"]["sha256"][card.eval.split],
         "chat_template_sha256": manifest["tokenizer"]["chat_template_sha256"],
         "eval": card.eval.model_dump(exclude={"baseline_prompts"}),
@@ -161,7 +162,8 @@ def run_baseline(stage: Stage) -> Baseline:
     rows = io.read_jsonl(stage.path(files[0]))
     metrics = io.read_json(stage.path(files[1]))
     stage.save_json(BASELINE_KEY, {"key": key, "cached": cached, "cache": str(cache),
-                                   "numerics": baseline_numerics(stage.card, stage.device)})
+                                   "numerics": baseline_numerics(stage.card, stage.device,
+                                                                 stage.model_config.model_type)})
     return {"metrics": metrics, "rows": rows, "cached": cached, "key": key,
             "prompts": io.read_json(stage.path(BASELINE_PROMPTS))}
 

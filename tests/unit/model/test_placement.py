@@ -231,6 +231,10 @@ def test_baseline_numerics_differ_across_device_dtype_and_quantisation() -> None
     qlora = updated(qlora, {"method.quantisation.unquantised_baseline": True})
     assert not baseline_quantize(qlora) and baseline_numerics(qlora, profile("t4"))["quantisation"] is None
     assert baseline_numerics(card("lora"), profile("t4"))["quantisation"] is None
+    # the attention the architecture really gets: Phi in float16 on a T4 scores in float32, Llama keeps sdpa
+    assert baseline_numerics(qlora, profile("t4"), "phi")["attention"] == FP32_SCORES
+    llama = baseline_numerics(qlora, profile("t4"), "llama")
+    assert llama["attention"] == baseline_numerics(qlora, profile("t4"))["attention"] == "sdpa"
 
 
 def test_decisions_are_computed_once_per_card_and_profile() -> None:
