@@ -31,13 +31,13 @@ from labkit.errors import MissingInput
 from labkit.evaluate.verdict import paired, verdict
 from labkit.experiment.openings import openings
 from labkit.experiment.replicates import card_key, seed_groups, variant_summaries
-from labkit.experiment.runs_table import fmt_interval, pairwise, summary_rows
+from labkit.experiment.runs_table import fmt_interval, pairwise, seed_rows, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
 from labkit.stages.records import baseline_named, strongest_baseline
 from labkit.stages.run_metrics import run_metrics
 
-__all__ = ["compare_experiment", "fmt_interval", "summary_rows"]
+__all__ = ["compare_experiment", "fmt_interval", "seed_rows", "summary_rows"]
 
 
 def _changed_against_parent(run_dir: Path) -> dict[str, Any]:
