@@ -84,6 +84,8 @@ def _run_measures(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]
     if starts:  # papermill's wall time of a stage minus the stage's own seconds: kernel start and imports
         m["process_start"] = statistics.median(starts)
     m["baseline_cached"] = bool(summaries["baseline"].get("cached"))
+    if "baseline" in m:  # one prompt's pass (eval.baseline_prompts measures the base model under several)
+        m["baseline_pass"] = m["baseline"] / max(1, records.strongest_baseline(run_dir)["measured"])
     trained = _trained(run_dir)
     if trained:
         m["train_step"] = trained[0] / trained[1]
@@ -184,7 +186,8 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
         median("check_step", "seconds_per_step", "stage 03's measured step at the p95 length")
         notes.append("s/step from stage 03 only (no validation passes, no checkpoint saves): an underestimate")
     if "evaluation" not in seconds and "baseline" in seconds:
-        seconds["evaluation"], sources["evaluation"] = seconds["baseline"], "stage 01 seconds (no stage 05 measured)"
+        median("baseline_pass", "evaluation", "stage 01 seconds ÷ the baseline prompts it measured (no stage 05 "
+               "measured)", uncached or measures)
     notes += [f"{k} not measured ({why}): counted as 0" for k, why in (
         ("process_start", "no `labkit run` stage timings"), ("train_setup", "no stage 04")) if k not in seconds]
     missing = [k for k in (*INITIAL, "seconds_per_step") if k not in seconds]

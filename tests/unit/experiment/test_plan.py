@@ -264,6 +264,12 @@ def test_stage_03_only_and_nothing_measured(tmp_path: Path) -> None:
     assert any("underestimate" in n for n in t["notes"])
     assert any(n.startswith("process_start not measured") for n in t["notes"])
     assert "train_setup" not in t["seconds"]
+    # stage 01 measured the base model under 3 prompts (eval.baseline_prompts): one evaluation pass is a third of it
+    _write(root / "ticket-triage" / "qs-x" / "baseline" / "baseline_prompts.json",
+           {"primary_metric": "field_accuracy", "higher_is_better": True, "strongest": "training",
+            "prompts": [{"name": n, "description": n, "skipped": None} for n in ("training", "own", "own_1shot")]})
+    t = P.measured_timings(loaded, root)
+    assert t["seconds"]["evaluation"] == pytest.approx(99.1 / 3) and "÷ the baseline prompts" in t["sources"]["evaluation"]
 
 
 # --------------------------------------------------------------------------- the command
