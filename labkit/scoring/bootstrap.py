@@ -143,7 +143,8 @@ def per_category(w: np.ndarray, cols: Columns, name: str) -> dict[str, np.ndarra
     return {cat: _ratio(w @ (values * (cols.gold == cat)), w @ (cols.gold == cat).astype(float)) for cat in cols.categories}
 
 
-def _interval(samples: np.ndarray, level: float) -> dict[str, float | None]:
+def interval(samples: np.ndarray, level: float) -> dict[str, float | None]:
+    """{value (row 0), low, high}: the percentile interval of the resamples (rows 1…), NaN resamples left out."""
     point, rest = float(samples[0]), samples[1:]
     rest = rest[~np.isnan(rest)]
     if np.isnan(point) or not len(rest):
@@ -185,7 +186,7 @@ def paired_intervals(base_rows: list[dict[str, Any]], tuned_rows: list[dict[str,
                            "per_key": {}}
 
     def triple(b: np.ndarray, t: np.ndarray) -> dict[str, Any]:
-        return {"baseline": _interval(b, level), "tuned": _interval(t, level), "diff": _interval(t - b, level)}
+        return {"baseline": interval(b, level), "tuned": interval(t, level), "diff": interval(t - b, level)}
 
     for name in dict.fromkeys(n for n in names if n not in RUN_METRICS):  # run metrics have no examples to resample
         if name != "per_category_f1":

@@ -30,18 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from labkit.scoring.bootstrap import MEAN_KEYS, Columns, metric, weights
-
-
-def _percentile(samples: np.ndarray, level: float) -> dict[str, float | None]:
-    """{value (row 0), low, high}: the percentile interval of the resamples (rows 1…)."""
-    point, rest = float(samples[0]), samples[1:]
-    rest = rest[~np.isnan(rest)]
-    if np.isnan(point) or not len(rest):
-        return {"value": None if np.isnan(point) else point, "low": None, "high": None}
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(rest, [tail, 100 - tail])
-    return {"value": point, "low": float(low), "high": float(high)}
+from labkit.scoring.bootstrap import MEAN_KEYS, Columns, interval, metric, weights
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -115,9 +104,9 @@ def seed_intervals(a_runs: list[list[dict[str, Any]]], b_runs: list[list[dict[st
     out: dict[str, Any] = {"method": "two-level paired bootstrap: seeds within each variant, examples shared",
                            "metric": name, "n": len(ids), "level": level, "resamples": resamples}
     for key, values in sides.items():
-        out[key] = {**_percentile(both[key], level), **spread(list(values[:, 0])), "seed_variance_share": shares[key]}
-    out["diff"] = _percentile(both["b"] - both["a"], level)
-    out["diff_examples_only"] = _percentile(fixed["b"] - fixed["a"], level)
+        out[key] = {**interval(both[key], level), **spread(list(values[:, 0])), "seed_variance_share": shares[key]}
+    out["diff"] = interval(both["b"] - both["a"], level)
+    out["diff_examples_only"] = interval(fixed["b"] - fixed["a"], level)
     a_vals, b_vals = sides["a"][:, 0], sides["b"][:, 0]
     pairs = b_vals[:, None] - a_vals[None, :]
     out["seed_pairs"] = {"b_wins": int((pairs > 0).sum()), "b_losses": int((pairs < 0).sum()),
