@@ -4,7 +4,9 @@ attention with float32 scores — and a real CPU step with eager attention match
 
 from __future__ import annotations
 
-import tempfile
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 from transformers import AutoConfig, PhiConfig
@@ -13,11 +15,7 @@ from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.core.device import load_profile
 from labkit.model.attention import FP32_SCORES
-from labkit.model.loading import load_model, load_tokenizer
-from labkit.model.method import apply_method
-from labkit.preflight.measure import measure_step
 from labkit.preflight.memory import estimate_step
-from labkit.preflight.memory_check import loaded_bytes
 
 REPO = Path(__file__).resolve().parents[3]
 T4 = load_profile(REPO / "tests" / "unit" / "core" / "profiles" / "t4.json")
@@ -43,17 +41,37 @@ def test_phi2_in_float16_on_a_t4_counts_the_float32_scores() -> None:
     assert est["step_bytes"] - sdpa["step_bytes"] >= 32 * 32 * 1024 * 1024 * 4
 
 
-def test_a_cpu_step_with_eager_attention_matches_the_estimate(tiny_model, rows) -> None:
-    card = load_card(REPO / "params" / "smoke.yaml").card
-    card = updated(card, {"model.attn_implementation": "eager", "data.max_length": 1024, "train.micro_batch": 2,
-                          "train.gradient_checkpointing": False})
-    tokenizer = load_tokenizer(tiny_model, card)
+MEASURE = """
+import json, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[1] + "/tests")
+from conftest import smoke_rows
+from labkit.card.load import load_card
+from labkit.card.update import updated
+from labkit.model.loading import load_model, load_tokenizer
+from labkit.model.method import apply_method
+from labkit.model.sources import resolve
+from labkit.preflight.measure import measure_step
+card = updated(load_card(Path(sys.argv[1]) / "params" / "smoke.yaml").card, json.loads(sys.argv[2]))
+tiny = resolve("tiny:llama")
+model = apply_method(load_model(tiny, card, "cpu"), card)
+out = measure_step(card, model, load_tokenizer(tiny, card), smoke_rows(), 1024, Path(tempfile.mkdtemp()))
+print(json.dumps(out["memory"]["delta_bytes"]))
+"""
+
+
+def test_a_cpu_step_with_eager_attention_matches_the_estimate(tiny_model) -> None:
+    """Measured in a fresh process (as bench/memory.py does): a long-lived test process's heap distorts peak RSS."""
+    changes = {"model.attn_implementation": "eager", "data.max_length": 1024, "train.micro_batch": 2,
+               "train.gradient_checkpointing": False}
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, changes)
     estimate = estimate_step(AutoConfig.from_pretrained(tiny_model.location), card, 1024, device="cpu")
     assert estimate["attention"] == "eager" and "attention probabilities" not in estimate[
         "activation_units_per_token_layer"]  # float32: the probabilities are the softmax's output
-    model = apply_method(load_model(tiny_model, card, "cpu"), card)
-    assert loaded_bytes(model) > 0
-    measured = measure_step(card, model, tokenizer, rows, 1024, Path(tempfile.mkdtemp()))["memory"]["delta_bytes"]
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(REPO), json.dumps(changes)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])
     scores = 2 * 2 * 4 * 1024 * 1024 * 4  # rows × layers × heads × 1024² float32
     assert measured > scores  # the scores are really kept
     assert abs(estimate["step_bytes"] - measured) <= 0.15 * measured, (estimate["step_bytes"], measured)
