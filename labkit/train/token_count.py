@@ -27,9 +27,9 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from labkit.data.prompting import IGNORE
 from labkit.train.flops import convention, flops_per_token, forward_parameters, peak_flops
 
-IGNORE = -100
 STATE_FILE = "labkit_tokens.json"  # in each checkpoint folder: the totals up to that step
 PREFIXES = ("", "chosen_", "rejected_")
 
