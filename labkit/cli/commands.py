@@ -175,9 +175,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     """`labkit runs [EXPERIMENT]`: the registry as a table (every run, failed and interrupted too)."""
     root = _root(args)
     if getattr(args, "follow", None):  # one run's live progress (labkit.cli.follow)
-        from labkit.cli.follow import follow
+        from labkit.cli.follow import follow, resolve_run
 
-        return 0 if follow(R.find_run(args.follow, root)) == "completed" else 1
+        return 0 if follow(resolve_run(args.follow, root)) == "completed" else 1
     for run_id in R.mark_dead_runs(root):
         print(f"labkit: {run_id} was recorded as running but its process is gone: marked interrupted", file=sys.stderr)
     rows = R.summarise(R.read_registry(root))

@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.set_defaults(func=commands.cmd_stage)
     runs = sub.add_parser("runs", help="the registry as a table (every run, failed and interrupted too)")
     runs.add_argument("experiment", nargs="?")
-    runs.add_argument("--follow", metavar="RUN", help="print a running run's progress until it ends (run id or folder; "
+    runs.add_argument("--follow", metavar="RUN", help="print a running run's progress until it ends (`latest`, a run id, a unique prefix of one, or the folder; "
                       "exit 0 when it completed, 1 when it failed or was interrupted)")
     runs.set_defaults(func=commands.cmd_runs)
     invalidate = sub.add_parser("invalidate", help="mark a run invalid, with the reason (it stays in the registry)")

@@ -16,8 +16,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.kernel import start_line
-from labkit.core.progress import ENV as PROGRESS_ENV
-from labkit.core.progress import FILE as PROGRESS_FILE
+from labkit.core.progress import ENV as PROGRESS_ENV, FILE as PROGRESS_FILE, stage_seconds
 from labkit.core.replicates import Replicate, replicates
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
@@ -76,7 +75,7 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                                  # the first cell imports a library
                                                  f"--IPKernelApp.exec_lines={start_line(run.dir, stage)}"])
     except pm.PapermillExecutionError as exc:
-        seconds = time.monotonic() - start
+        seconds = stage_seconds(run.dir, stage) or time.monotonic() - start  # as `labkit runs --follow` prints it
         error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
         interrupted = exc.ename == "TrainingInterrupted"
         R.record(run, "stage_interrupted" if interrupted else "stage_failed", stage=stage, error=error,
@@ -87,7 +86,7 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
         if isinstance(raised, type) and issubclass(raised, errors.LabkitError):
             failure.exit_code = raised.exit_code
         raise failure from None
-    return time.monotonic() - start
+    return stage_seconds(run.dir, stage) or time.monotonic() - start  # the marks `labkit runs --follow` reads
 
 
 def _summary(run: R.Run) -> dict[str, Any]:
