@@ -4,7 +4,9 @@
   (`labkit.stages.training`); every process builds the same trainer on its own device.
 - `python -m labkit.cli.worker reload-check EXPORT_DIR [--run RUN_DIR] [--sample N] [--device D]`: the
   reload check of an export in a fresh process (`labkit.export.reload_check`), writing
-  EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does not.
+  EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does not. Its stdout is the export's to keep;
+  on stderr (the export's terminal) it prints one progress line per phase (`labkit.core.progress.echo_to`), and the
+  libraries' log records and warnings go to the run's `logs/libraries.log`, not to the terminal.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import sys
 import traceback
 from pathlib import Path
 
+import transformers.utils.logging
+
 from labkit.card.load import load_card
-from labkit.core import io
+from labkit.core import io, progress
+from labkit.core.kernel import log_libraries_to, plain_bars
 from labkit.core.runs import Run
 from labkit.export.reload_check import check, summary
 from labkit.stages.context import Stage
@@ -32,8 +37,21 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_check(export_dir: Path, run_dir: str | None) -> None:
+    """The reload check's terminal: its phases on stderr, the libraries' messages in the run's log, bars on stdout."""
+    os.environ["LABKIT_STAGE"] = "export"
+    progress.echo_to(lambda line: print(line, file=sys.stderr, flush=True))
+    plain_bars()  # generation's bar on stdout, which the export keeps to itself
+    transformers.utils.logging.get_logger()  # its stderr handler is added on first use: now, so it can be removed
+    manifest = export_dir / "export.json"
+    run = run_dir or (io.read_json(manifest).get("run_dir") if manifest.exists() else None)
+    if run and Path(run).is_dir():
+        log_libraries_to(Path(run).resolve(), "export")
+
+
 def _reload_check(args: argparse.Namespace) -> int:
     export_dir = Path(args.export_dir).resolve()
+    _quiet_check(export_dir, args.run)
     try:
         report = check(export_dir, Path(args.run) if args.run else None, args.sample, args.device)
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, with the reason

@@ -214,7 +214,8 @@ class Follower:
         if since < self.quiet_after or now - self._said_quiet < self.quiet_after:
             return None
         self._said_quiet = now
-        doing = "" if last.get("phase") == STAGE else f" (last: {describe(last).split(': ', 1)[-1][:60]})"
+        doing = "" if last.get("phase") == STAGE else describe(last).split(": ", 1)[-1].removesuffix(" …")
+        doing = f" · last: {doing[:70]}" + ("…" if len(doing) > 70 else "") if doing else ""
         return f"    {last.get('stage', '?')}: no update for {int(since // 60)} min{doing}"
 
     def poll(self, flush: bool = False, stage: str | None = None) -> list[str]:

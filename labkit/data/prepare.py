@@ -25,6 +25,7 @@ from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Leakage
 from labkit.core import io
 from labkit.core.io import read_json, write_atomic, write_json
+from labkit.core.progress import task
 from labkit.core.protocol import check_data_version
 from labkit.core.runs import Run
 from labkit.data import leakage
@@ -157,7 +158,8 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
         DataError: bad data, a bad reference in any split (one line naming the file, line, row id and the fix);
             LeakageError under the `fail` policy.
     """
-    raw, identity = D.load_source(card.data)
+    with task("data: reading the source"):
+        raw, identity = D.load_source(card.data)
     where: dict[str, str] = {}
     rows = D.map_fields(card.data, raw, where)
     lengths: dict[str, int] = {}
@@ -168,11 +170,12 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
             lengths[row["id"]] = max(encode_example(tokenizer, card, row["input"], a).full_len for a in answers)
         return lengths[row["id"]]
 
-    rows, cleaning = D.apply_cleaning(card.data, rows, token_length)
-    splits = D.split_rows(card.data, rows)
-    references = check_references(card.data, splits, where)  # every split, before anything is evaluated
-    check_special_tokens(tokenizer, splits, where)
-    leak_report, _ = _apply_leakage(card.data.leakage, splits)
+    with task(f"data: cleaning, splitting and checking {len(rows)} rows (references, leakage)"):
+        rows, cleaning = D.apply_cleaning(card.data, rows, token_length)
+        splits = D.split_rows(card.data, rows)
+        references = check_references(card.data, splits, where)  # every split, before anything is evaluated
+        check_special_tokens(tokenizer, splits, where)
+        leak_report, _ = _apply_leakage(card.data.leakage, splits)
     planted = identity.pop("planted", None)
     return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
                          leakage=leak_report, references=references)
@@ -204,7 +207,8 @@ def checked_splits(card: Card, tokenizer: Any,
             checked = card.model_copy(update={"train": card.train.model_copy(update={"trainer": "sft", "beta": None})})
         else:
             derived.rejected = _fill_from_base(card, tokenizer, derived.splits, base_answers)
-    encoded, checks = run_checks(tokenizer, checked, {n: rows for n, rows in derived.splits.items() if n != "test"})
+    with task("data: encoding checks on train and validation (truncation, loss positions, EOS)"):
+        encoded, checks = run_checks(tokenizer, checked, {n: rows for n, rows in derived.splits.items() if n != "test"})
     raise_on_failed(checks)
     return derived, encoded
 

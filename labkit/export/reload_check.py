@@ -44,6 +44,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.progress import task
 from labkit.data.prepare import load_split
 from labkit.data.prompting import prompt_ids
 from labkit.data.sources import sha256_text
@@ -267,7 +268,8 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     report: dict[str, Any] = {"export_dir": str(export_dir), "run_id": run.run_id, "device": device,
                               "tokenizer": tok_report, "base": {"source": base_info["source"],
                                                                 "revision": base_info["revision"]}}
-    resolved = resolve(base_info["source"], base_info["revision"], base=Path(base_info.get("card_dir") or run.dir))
+    with task(f"reload check: resolving the base model {base_info['source']}"):
+        resolved = resolve(base_info["source"], base_info["revision"], base=Path(base_info.get("card_dir") or run.dir))
     report["base"]["resolved_revision"] = resolved.revision  # resolve() raised if it differed
     report["weights_match_run"] = weights_vs_run(weights, run.dir / "training" / "adapter")
     rows = load_split(run, card.eval.split)
@@ -282,31 +284,30 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     else:
         model = PeftModel.from_pretrained(load_model(resolved, card, device), str(weights)).eval()
     (model.get_base_model() if hasattr(model, "get_base_model") else model).generation_config = generation
-
     chosen = [rows[i] for batch in batches for i in batch]
     answers = generate_answers(model, tokenizer, card, chosen, desc="reload check: generating")
-    expected = {r["id"]: r["prediction"] for r in
-                io.read_jsonl(run.dir / "comparison" / "tuned_predictions.jsonl")}
+    expected = {r["id"]: r["prediction"] for r in io.read_jsonl(run.dir / "comparison" / "tuned_predictions.jsonl")}
     mismatches = [{"id": r["id"], "run": expected.get(r["id"]), "export": a}
                   for r, a in zip(chosen, answers) if expected.get(r["id"]) != a]
     report.update(total=len(chosen), evaluation_rows=len(rows), sample_batches=sample, batch_size=card.eval.batch_size,
                   identical=not mismatches, mismatch_count=len(mismatches), mismatches=mismatches[:MAX_MISMATCHES])
-
     report.update(logits_max_abs_diff=None, logits_max_abs=None, tolerance=None, tolerance_rule=None,
                   merged_weights=None, merged_scores=None)
     if manifest["method"] != "full":
         if card.method.kind == "qlora":
             del model  # the 4-bit evaluation model: merge into its dequantised weights, loaded once more
             release(device)  # the evaluation model is gone before the 16-bit base is loaded
-            model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(weights)).eval()
+            with task("reload check: loading the base in the export dtype for the merge"):
+                model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(weights)).eval()
             (model.get_base_model()).generation_config = generation
         dtype = next(model.get_base_model().parameters()).dtype
         rtol = RTOL if dtype == torch.float32 else RTOL_16BIT
         merged_dir = export_dir / "merged"
-        found = merged_vs_unmerged(model, tokenizer, card, [[rows[i] for i in batch] for batch in batches],
-                                   merged_dir if merged_dir.is_dir() else None,
-                                   lambda: score_merged(model, tokenizer, card, chosen,
-                                                        [expected.get(r["id"]) or "" for r in chosen]))
+        with task(f"reload check: merged vs unmerged logits on {len(batches)} batch(es), the merged model scored"):
+            found = merged_vs_unmerged(model, tokenizer, card, [[rows[i] for i in batch] for batch in batches],
+                                       merged_dir if merged_dir.is_dir() else None,
+                                       lambda: score_merged(model, tokenizer, card, chosen,
+                                                            [expected.get(r["id"]) or "" for r in chosen]))
         report.update(found, tolerance=rtol * max(1.0, found["logits_max_abs"]), merged_scores=found.pop("while_merged"),
                       tolerance_rule=f"max |Δ logit| ≤ {rtol:g} · max(1, max |logit|), {str(dtype).removeprefix('torch.')}")
     logits_ok = report["logits_max_abs_diff"] is None or report["logits_max_abs_diff"] <= report["tolerance"]

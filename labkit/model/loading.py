@@ -18,6 +18,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAn
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
+from labkit.core.progress import task
 from labkit.errors import MethodError, ModelSourceError
 from labkit.model import attention
 from labkit.model.placement import Decisions, decide, for_architecture
@@ -240,8 +241,12 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
     qconfig = quantization_config(card, device) if quantize else None
     if qconfig is not None:
         kwargs.update(quantization_config=qconfig, device_map={"": device if device != "cuda" else 0})
+    # a hub model is downloaded here on first use (into the hub cache): the event says so before the wait
+    label = f"loading model {resolved.source}" + (" (from the hub cache, downloaded if missing)" if resolved.kind == "hf"
+                                                 else "") + f" on {device}" + (" in 4 bits" if qconfig else "")
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
+        with task(label):
+            model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(f"{resolved.source}: model does not load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if card.data.prompt.format == "chat" and card.data.prompt.chat_template == "chatml":

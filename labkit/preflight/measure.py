@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from labkit.card.schema import Card
+from labkit.core.progress import task
 from labkit.data.pairs import fixed_length_pairs
 from labkit.errors import DataError
 from labkit.data.prompting import IGNORE, encode_rows
@@ -267,7 +268,7 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
     trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, **fixed, **overrides)
     trainer.add_callback(memory_timer)
     touch_weights(model)
-    with PeakMemory(device) as peak:
+    with task(f"memory: pass 1/2 at {seq_len} tokens, {steps} steps measured"), PeakMemory(device) as peak:
         trainer.train()
     loss = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     del trainer
@@ -279,9 +280,11 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
                               eval_rows=(eval_rows or None) if card.train.trainer == "sft" else None,
                               eval_strategy="no", **fixed, **overrides)
         timed.add_callback(timer)
-        timed.train()
+        with task(f"memory: pass 2/2 at {seq_len} tokens, {steps} steps timed"):
+            timed.train()
         if eval_rows and card.train.trainer == "sft":
-            evaluation = _time_evaluation(timed)
+            with task(f"timing one evaluation batch of {len(eval_rows)} rows"):
+                evaluation = _time_evaluation(timed)
     finally:
         if device.split(":")[0] != "cuda":
             release_promptly()

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, TypedDict
 
 from labkit.card.schema import Card
+from labkit.core.progress import task
 from labkit.preflight.measure import measure_step
 from labkit.preflight.memory import GIB
 from labkit.preflight.records import MemoryEstimate
@@ -108,8 +109,9 @@ def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, r
         {"lengths", "estimates", "measured", "comparison"}.
     """
     done: dict[int, dict[str, Any]] = {}
-    for n in lengths.values():
-        if n not in done:
+    distinct = list(dict.fromkeys(lengths.values()))
+    for i, n in enumerate(distinct, 1):
+        with task(f"memory: measuring a full step at {n} tokens (length {i}/{len(distinct)})"):
             done[n] = measure(card, make_model, tokenizer, rows, n, device, eval_rows=None if done else eval_rows,
                               encoded=encoded)
     measured = [done[n] for n in lengths.values()]

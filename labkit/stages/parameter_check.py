@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from labkit.card.schema import Card
-from labkit.core.progress import fmt_seconds
+from labkit.core.progress import fmt_seconds, task
 from labkit.data.prompting import IGNORE, encode_rows
 from labkit.errors import StageFailed
 from labkit.model import method
@@ -86,17 +86,21 @@ class Checks:
 
 
 class _Timed:
-    """Context manager adding its wall seconds to `checks.seconds[name]`."""
+    """Context manager adding its wall seconds to `checks.seconds[name]` and reporting its start and end as a
+    progress task (`labkit.core.progress.task`: what `labkit run` prints while stage 03 works)."""
 
-    def __init__(self, checks: Checks | dict[str, float], name: str) -> None:
+    def __init__(self, checks: Checks | dict[str, float], name: str, label: str) -> None:
         self.seconds = checks.seconds if isinstance(checks, Checks) else checks
         self.name = name
+        self.task = task(label)
 
     def __enter__(self) -> None:
+        self.task.__enter__()
         self.start = time.perf_counter()
 
     def __exit__(self, *exc: Any) -> None:
         self.seconds[self.name] = round(self.seconds.get(self.name, 0.0) + time.perf_counter() - self.start, 2)
+        self.task.__exit__(*exc)
 
 
 def open_checks(stage: Stage) -> Checks:
@@ -109,9 +113,9 @@ def open_checks(stage: Stage) -> Checks:
         lengths.json), or of the packed rows for a packed card.
     """
     seconds: dict[str, float] = {}
-    with _Timed(seconds, "load_model"):
+    with _Timed(seconds, "load_model", "loading the model, the card's method applied"):
         model = SharedModel(method.apply_method(stage.load_model(), stage.card))
-    with _Timed(seconds, "tokenise"):
+    with _Timed(seconds, "tokenise", "tokenising the training and validation rows"):
         card, train_rows = stage.card, stage.split("train")
         encoded = encode_rows(stage.tokenizer, card, train_rows)
         train = [min(len(e.input_ids), card.data.max_length) for e in encoded]
@@ -150,7 +154,7 @@ def update(stage: Stage, checks: Checks) -> UpdateCheck:
     skips (named in the record, not counted).
     """
     card = stage.card
-    with _Timed(checks, "update_check"):
+    with _Timed(checks, "update_check", "update check: 2 optimiser steps"):
         rows = checks.train_rows[: card.train.micro_batch * card.train.grad_accum * 2]
         trainer = build_trainer(card, checks.model(), stage.tokenizer, rows, Path(tempfile.mkdtemp(prefix="labkit-check-")),
                                 device=stage.device, max_steps=2 + SCALER_SKIPS, lr_scheduler_type="constant",
@@ -184,7 +188,8 @@ def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> M
     Returns:
         {"lengths", "estimates", "measured", "comparison", "generation"}.
     """
-    with _Timed(checks, "memory_measurement"):
+    with _Timed(checks, "memory_measurement", f"memory: a full step measured at {len(set(checks.lengths.values()))} "
+                "length(s)"):
         eval_rows = stage.split("validation")[: stage.card.eval.batch_size]
         checks.memory = measure_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded,
                                         checks.lengths, checks.estimates, stage.device, eval_rows)
@@ -234,7 +239,7 @@ def accumulation(stage: Stage, checks: Checks, free_bytes: float | None = None) 
         checks: the shared state.
         free_bytes: the memory free for the arms (default: `labkit.preflight.measure.free_device_memory`).
     """
-    with _Timed(checks, "accumulation_check"):
+    with _Timed(checks, "accumulation_check", "accumulation check: 2 arms"):
         free = free_device_memory(stage.device) if free_bytes is None else free_bytes
         checks.accumulation = stepchecks.accumulation_check(
             stage.card, checks.model, stage.tokenizer, checks.train_rows, stage.device, encoded=checks.encoded,
@@ -248,7 +253,7 @@ def checkpointing(stage: Stage, checks: Checks, free_bytes: float | None = None)
 
     Each arm (the one without checkpointing is larger than training) is costed first, as in `accumulation`.
     """
-    with _Timed(checks, "checkpointing_check"):
+    with _Timed(checks, "checkpointing_check", "checkpointing check: 2 arms"):
         free = free_device_memory(stage.device) if free_bytes is None else free_bytes
         checks.checkpointing = stepchecks.checkpointing_check(
             stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.lengths["p95"], stage.device,
