@@ -239,9 +239,11 @@ def cmd_final(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`labkit export RUN`: 0 exported, 1 the reload check failed (ExportCheckFailed), 2 refused (ExportRefused)."""
+    from labkit.cli.worker import quiet_libraries
     from labkit.export.deliver import export
     from labkit.export.reload_check import summary as reload_summary
 
+    quiet_libraries()  # its lines and the reload check's phases, not the libraries' bars and warnings
     result = export(args.run, _root(args), merged=args.merged, out=Path(args.out) if args.out else None,
                     sample=args.sample, device=args.device, memory_gib=getattr(args, "memory", None))
     print(f"exported {result['run_id']} to {result['export_dir']}: reload check passed "

@@ -12,23 +12,26 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
-import transformers.utils.logging
-
-from labkit.card.load import load_card
 from labkit.core import io, progress
 from labkit.core.kernel import log_libraries_to, plain_bars
-from labkit.core.runs import Run
-from labkit.export.reload_check import check, summary
-from labkit.stages.context import Stage
-from labkit.stages.training import train
+
+# the model libraries are imported inside the functions (the command line's rule): the reload check routes their
+# log records before they load, as some log while they load (bitsandbytes' CPU kernel notice)
 
 
 def _train(args: argparse.Namespace) -> int:
+    from labkit.card.load import load_card
+    from labkit.core.runs import Run
+    from labkit.stages.context import Stage
+    from labkit.stages.training import train
+
     run = Run(Path(args.run_dir).resolve())
     stage = Stage("training", load_card(run.card_path), run, interactive=False)
     if stage.device == "cuda":
@@ -37,21 +40,41 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def quiet_libraries() -> None:
+    """`labkit export`'s own process (the merge): no library progress bars, deprecation warnings or log records
+    below errors on the terminal, which shows labkit's lines and the reload check's phases."""
+    import transformers.utils.logging
+
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("bitsandbytes", "peft", "accelerate"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def _quiet_check(export_dir: Path, run_dir: str | None) -> None:
-    """The reload check's terminal: its phases on stderr, the libraries' messages in the run's log, bars on stdout."""
+    """The reload check's terminal: its phases on stderr, the libraries' messages in the run's log, bars on stdout
+    (which the export keeps to itself)."""
     os.environ["LABKIT_STAGE"] = "export"
     progress.echo_to(lambda line: print(line, file=sys.stderr, flush=True))
-    plain_bars()  # generation's bar on stdout, which the export keeps to itself
-    transformers.utils.logging.get_logger()  # its stderr handler is added on first use: now, so it can be removed
+    plain_bars()  # before transformers binds tqdm.auto
     manifest = export_dir / "export.json"
     run = run_dir or (io.read_json(manifest).get("run_dir") if manifest.exists() else None)
-    if run and Path(run).is_dir():
-        log_libraries_to(Path(run).resolve(), "export")
+    if not (run and Path(run).is_dir()):
+        quiet_libraries()
+        return
+    log_libraries_to(Path(run).resolve(), "export")  # before the libraries load and log
+    import transformers.utils.logging
+
+    transformers.utils.logging.get_logger()  # its stderr handler is added on first use: now, so it can be removed
+    log_libraries_to(Path(run).resolve(), "export")
 
 
 def _reload_check(args: argparse.Namespace) -> int:
     export_dir = Path(args.export_dir).resolve()
     _quiet_check(export_dir, args.run)
+    from labkit.export.reload_check import check, summary
+
     try:
         report = check(export_dir, Path(args.run) if args.run else None, args.sample, args.device)
     except Exception as exc:  # noqa: BLE001 - a check that cannot run is a failed check, with the reason

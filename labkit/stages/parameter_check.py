@@ -8,6 +8,7 @@ measurement against the estimate in `labkit.preflight.memory_check`.
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -86,13 +87,14 @@ class Checks:
 
 
 class _Timed:
-    """Context manager adding its wall seconds to `checks.seconds[name]` and reporting its start and end as a
-    progress task (`labkit.core.progress.task`: what `labkit run` prints while stage 03 works)."""
+    """Context manager adding its wall seconds to `checks.seconds[name]` and, given a label, reporting its start and
+    end as a progress task (`labkit.core.progress.task`: what `labkit run` prints while stage 03 works; None where
+    the work inside reports its own parts)."""
 
-    def __init__(self, checks: Checks | dict[str, float], name: str, label: str) -> None:
+    def __init__(self, checks: Checks | dict[str, float], name: str, label: str | None) -> None:
         self.seconds = checks.seconds if isinstance(checks, Checks) else checks
         self.name = name
-        self.task = task(label)
+        self.task = task(label) if label else contextlib.nullcontext()
 
     def __enter__(self) -> None:
         self.task.__enter__()
@@ -113,7 +115,7 @@ def open_checks(stage: Stage) -> Checks:
         lengths.json), or of the packed rows for a packed card.
     """
     seconds: dict[str, float] = {}
-    with _Timed(seconds, "load_model", "loading the model, the card's method applied"):
+    with _Timed(seconds, "load_model", None):  # labkit.model.loading reports the loading
         model = SharedModel(method.apply_method(stage.load_model(), stage.card))
     with _Timed(seconds, "tokenise", "tokenising the training and validation rows"):
         card, train_rows = stage.card, stage.split("train")
@@ -188,8 +190,7 @@ def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> M
     Returns:
         {"lengths", "estimates", "measured", "comparison", "generation"}.
     """
-    with _Timed(checks, "memory_measurement", f"memory: a full step measured at {len(set(checks.lengths.values()))} "
-                "length(s)"):
+    with _Timed(checks, "memory_measurement", None):  # each length reports itself (labkit.preflight.memory_check)
         eval_rows = stage.split("validation")[: stage.card.eval.batch_size]
         checks.memory = measure_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded,
                                         checks.lengths, checks.estimates, stage.device, eval_rows)

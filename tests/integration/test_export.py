@@ -175,6 +175,10 @@ def test_tampered_export_is_reported_failing(exported, tmp_path: Path) -> None:
                           cwd=REPO, capture_output=True, text=True, env=dict(os.environ), timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "reload check FAILED" in proc.stdout
+    said = [line for line in proc.stderr.splitlines() if line.strip()]  # the export's terminal: the phases, no noise
+    assert "    export: reload check: resolving the base model tiny:llama …" in said, proc.stderr
+    assert any(line.startswith("    export: reload check: generating 8/8 examples") for line in said), proc.stderr
+    assert all(line.startswith("    export: ") for line in said), proc.stderr  # library messages: in the run's log
     report = io.read_json(tampered / "reload_check.json")
     assert report["ok"] is False and report["identical"] is False
     assert report["total"] == report["batch_size"] == 8 and report["sample_batches"] == 1  # one whole batch
