@@ -49,7 +49,9 @@ def fmt_seconds(seconds: float | None) -> str:
 
 
 def describe(event: dict[str, Any]) -> str:
-    """One terminal line for an event: `training: step 6/8 · loss 2.134 · ETA 0:12`."""
+    """One terminal line for an event: `training: step 6/8 · loss 2.134 · ETA 0:12` (a warning: its text)."""
+    if event.get("warning"):
+        return f"    {event.get('stage', '?')}: warning: {event['warning']}"
     count = f"{event.get('done')}/{event.get('total')}"
     what = f"step {count}" if event.get("phase") == "train" else f"{event.get('label') or 'generating'} {count} examples"
     stage = str(event.get("stage", "?"))
