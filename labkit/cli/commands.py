@@ -203,7 +203,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
     from labkit.experiment.compare import summary_rows
     from labkit.experiment.report import build_report
-    from labkit.experiment.runs_table import seed_rows
+    from labkit.cli.summary import compare_lines
+    from labkit.experiment.runs_table import pair_rows, seed_rows
 
     root = _root(args)
     if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
@@ -217,12 +218,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             shutil.rmtree(report, ignore_errors=True)
         raise
     comparison = io.read_json(index.parent / "comparison.json")
-    for row in summary_rows(comparison):
-        print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
-    for row in seed_rows(comparison):  # a variant with several seeds: every seed, then the variant across them
-        print("seeds · " + " · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    # a table of at most ~118 columns; every number and sentence is in comparison.json and the report
+    for line in compare_lines(comparison, summary_rows(comparison), pair_rows(comparison), seed_rows(comparison)):
+        print(line)
     if note := lost_events_note(root):
         print(f"labkit: note: {note}")
+    print(f"data: {index.parent / 'comparison.json'}")
     print(f"report: {index}")
     return 0
 

@@ -88,3 +88,26 @@ def comparable(a: Path | TrainingSteps, b: Path | TrainingSteps) -> Comparabilit
         out.update(comparable=False, why=f"{out['a']} steps vs {out['b']} (budget-stopped; set budget.is_protocol: "
                                          "true if the budget is the protocol)")
     return out  # type: ignore[return-value]
+
+
+def marked(decision: dict[str, Any], run_dir: Path, reference_dir: Path | None = None) -> dict[str, Any]:
+    """A verdict with its budget stop said in its sentence, and "not comparable" when its reference run (a sibling
+    variant) trained a different number of steps (`comparable`); the decision itself is unchanged.
+
+    Args:
+        decision: a `labkit.evaluate.verdict.Verdict` (a dict).
+        run_dir: the judged run's folder.
+        reference_dir: the reference variant's run folder (None: the reference is the baseline).
+    Returns:
+        a copy with "verdict" extended when either applies (the same keys: verdict.json stays a `Verdict`).
+    """
+    steps = training_steps(run_dir)
+    note = budget_note(steps)
+    against = comparable(steps, reference_dir) if reference_dir is not None else None
+    if not note and (against is None or against["comparable"]):
+        return decision
+    text = decision["verdict"] + (f" {note[0].upper()}{note[1:]} (budget.max_minutes): it trained fewer steps than "
+                                  "its card planned." if note else "")
+    if against is not None and not against["comparable"]:
+        text += f" Not comparable with its reference run: {against['why']}."
+    return {**decision, "verdict": text}
