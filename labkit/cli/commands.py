@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
     from labkit.cli.runner import load_all, resume_run, run_replicates
+    from labkit.cli.summary import verdict_summary
 
     if args.resume:
         if args.cards:
@@ -84,13 +85,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("labkit run needs at least one card (or --resume RUN_ID)")
     cards = load_all(args.cards, lambda loaded: _root(args, loaded.path.parent))  # every card checked first
     nb_dir = notebooks_dir(args.notebooks)
-    code = 0
+    code, ends = 0, []
     for loaded in cards:
         try:
-            run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
+            runs = run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
+            ends += [verdict_summary(run) for run in runs]
         except LabkitError as exc:  # report, go on with the next card
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
+            ends.append(f"verdict {loaded.card.experiment.id}/{loaded.card.experiment.variant}: none "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
+    if len(ends) > 1:  # several runs: each one's verdict again, together, at the very end
+        print(f"summary of {len(ends)} runs:", flush=True)
+        for line in ends:
+            print(f"  {line}", flush=True)
     return code
 
 
