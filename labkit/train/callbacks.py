@@ -101,8 +101,8 @@ class LiveProgress(TrainerCallback):
                                                                        state.global_step, 0.0, self.planned))
 
     def _check_budget(self, step: int, total: int, left: float | None) -> None:
-        if self.warned or self.budget is None or left is None:
-            return
+        if self.warned or self.budget is None or left is None or step >= total:
+            return  # the last step is never a budget stop (`BudgetStop`)
         remaining = self.budget.max_seconds - (time.monotonic() - self.budget.start)
         if left <= remaining:
             return

@@ -18,12 +18,12 @@ from conftest import REPO, labkit
 from labkit.core.io import read_jsonl
 
 
-def _card(tmp_path: Path, variant: str, max_steps: int, save_steps: int) -> Path:
+def _card(tmp_path: Path, variant: str, max_steps: int, every: int) -> Path:
     path = tmp_path / f"{variant}.yaml"
     path.write_text(yaml.safe_dump({"parent": str(REPO / "params" / "smoke.yaml"),
                                     "experiment": {"id": "budget", "variant": variant},
-                                    "train": {"max_steps": max_steps, "save_steps": save_steps},
-                                    "budget": {"max_minutes": 0.25}}))
+                                    "train": {"max_steps": max_steps, "save_steps": every, "eval_steps": every},
+                                    "budget": {"max_minutes": 0.5}}))
     return path
 
 
@@ -41,7 +41,7 @@ def test_a_budget_stopped_variant_warns_says_so_and_is_not_comparable(tmp_path: 
     outcome = json.loads((run / "training" / "outcome.json").read_text())
     steps = outcome["steps"]
     assert outcome["budget_exhausted"] and outcome["planned_steps"] == 3000 and 0 < steps < 3000
-    assert "budget.max_minutes 0.25" in outcome["budget_warning"] and "budget.is_protocol" in outcome["budget_warning"]
+    assert "budget.max_minutes 0.5" in outcome["budget_warning"] and "budget.is_protocol" in outcome["budget_warning"]
     # the warning as a progress event (what `labkit runs --follow` prints), on the terminal, in notebook 04
     warnings = [e for e in read_jsonl(run / "progress.jsonl") if e.get("phase") == "budget"]
     assert len(warnings) == 1 and warnings[0]["stage"] == "training" and "exceeds" in warnings[0]["warning"]

@@ -62,7 +62,10 @@ def test_no_budget_warning_within_the_budget(tmp_path: Path, monkeypatch: pytest
     budget = BudgetCallback(20)
     live = LiveProgress(1, budget)
     live.on_train_begin(None, TrainerState(max_steps=24, global_step=0), TrainerControl())
-    assert budget.warning is None and not [e for e in read_jsonl(tmp_path / "progress.jsonl") if e["phase"] == "budget"]
+    spent = BudgetCallback(1e-6)  # spent, but at the last step nothing is left to stop: no warning either
+    LiveProgress(1, spent).on_log(None, TrainerState(max_steps=2, global_step=2), TrainerControl(), logs={"loss": 1.0})
+    assert budget.warning is None and spent.warning is None
+    assert not [e for e in read_jsonl(tmp_path / "progress.jsonl") if e["phase"] == "budget"]
 
 
 def test_the_last_planned_step_is_never_a_budget_stop(tmp_path: Path) -> None:
