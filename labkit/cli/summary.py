@@ -3,6 +3,7 @@ ends each card's output (one line per card again at the very end when several ra
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from labkit.core import io
@@ -111,8 +112,10 @@ def text_table(rows: list[dict[str, Any]], width: int = WIDTH, flex: str | None 
 
 
 def _short_run(run_id: str) -> str:
-    """A run id of at most 34 characters: the variant's start and the time and hash at its end."""
-    return run_id if len(run_id) <= 34 else run_id[:12] + "…" + run_id[-21:]
+    """A run id for a table cell: its variant (cut at 12) and its start as MMDDTHHMM ("lora-r16 1202T2230"); other ids
+    as they are, cut at 22."""
+    found = re.match(r"^(.*)-\d{4}(\d{4}T\d{4})\d{2}Z-[0-9a-f]{8}$", run_id)
+    return f"{cut(found.group(1), 12)} {found.group(2)}" if found else cut(run_id, 22)
 
 
 def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs: list[dict[str, Any]],
@@ -130,21 +133,25 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
         the lines.
     """
     table, notes = [], []
+    named = {str(c.get("primary", "")).split(" = ")[0] for c in flat if c.get("primary")}
+    metric = named.pop() if len(named) == 1 else "primary"
     for row, cells in zip(comparison["runs"], flat):
         steps = row.get("training_steps")
-        word = str(cells.get("verdict", "—")).split(" · ")[0]
+        primary = str(cells.get("primary", "—")).split(" [")[0]
         table.append({"run": _short_run(row["run_id"]), "status": cells["status"],
-                      "primary": cut(str(cells.get("primary", "—")).split(" [")[0], 24),
-                      "gain vs reference [95% CI]": cells.get("gain vs reference [95% CI]", "—"),
+                      metric: primary.split(" = ")[-1] if metric != "primary" else primary,
+                      "gain [95% CI]": cells.get("gain vs reference [95% CI]", "—"),
                       "w/l/t": cells.get("wins/losses/ties", "—"),
-                      "steps": steps_text(steps) if steps else cells.get("steps", "—"), "verdict": word})
+                      "steps": steps_text(steps) if steps else cells.get("steps", "—"),
+                      "verdict": str(cells.get("verdict", "—")).split(" · ")[0]})
         said = str(cells.get("verdict", "")).split(" · ")[1:]  # the flags after the verdict word
         said += [f"guardrail failed: {g}" for g in row.get("guardrails_failed") or []]
         if row.get("reason") and row["status"] != "completed":
             said.append(row["reason"])
-        notes += [cut(f"  {_short_run(row['run_id'])}: {x}", width) for x in said]
-    lines = [f"experiment {comparison['experiment']}: {len(table)} run(s); reference run {comparison.get('reference')}"]
-    lines += text_table(table, width, flex="verdict")
+        notes += ["  " + cut(f"{_short_run(row['run_id'])}: {x}", width - 2) for x in said]
+    lines = [cut(f"experiment {comparison['experiment']}: {len(table)} run(s), gain against each card's reference; "
+                 f"reference protocol: run {comparison.get('reference')}", width)]
+    lines += text_table(table, width, flex="run")
     if notes:
         lines += ["notes:", *notes]
     if pairs:
@@ -156,7 +163,12 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
                          "metric": p["metric"], "B − A [95% CI]": p["B − A [95% CI]"].split(" · NOT COMPARABLE")[0],
                          "B w/l/t": p["B wins/losses/ties"],
                          "comparable": "yes" if steps["comparable"] else f"NO: {steps['a']} vs {steps['b']} steps"})
-        lines += ["run against run (B − A):", *text_table(rows, width, flex="B − A [95% CI]")]
+        same = {r["metric"] for r in rows}
+        if len(same) == 1:
+            for r in rows:
+                del r["metric"]
+        lines += [f"run against run (B − A{' on ' + next(iter(same)) if len(same) == 1 else ''}):",
+                  *text_table(rows, width, flex="B − A [95% CI]")]
     if seeds:
         lines += ["seeds:", *text_table([{k: s.get(k, "") for k in seeds[-1]} for s in seeds], width)]
     return lines
