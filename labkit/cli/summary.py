@@ -143,7 +143,7 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
                       "gain [95% CI]": cells.get("gain vs reference [95% CI]", "—"),
                       "w/l/t": cells.get("wins/losses/ties", "—"),
                       "steps": steps_text(steps) if steps else cells.get("steps", "—"),
-                      "verdict": str(cells.get("verdict", "—")).split(" · ")[0]})
+                      "verdict": str((row.get("decision") or {}).get("decision") or "—").upper()})
         said = str(cells.get("verdict", "")).split(" · ")[1:]  # the flags after the verdict word
         said += [f"guardrail failed: {g}" for g in row.get("guardrails_failed") or []]
         if row.get("reason") and row["status"] != "completed":

@@ -45,9 +45,11 @@ def test_compare_lines_fit_118_columns_and_keep_the_flags_as_notes() -> None:
     steps = {"steps": 8, "planned": 24, "budget_stopped": True, "budget_is_protocol": False}
     comparison = {"experiment": "quickstart", "reference": "lora-r16-20261202T223000Z-ab12cd34",
                   "runs": [{"run_id": "lora-r16-20261202T223000Z-ab12cd34", "status": "completed",
-                            "training_steps": {**steps, "steps": 24, "budget_stopped": False}, "guardrails_failed": []},
+                            "training_steps": {**steps, "steps": 24, "budget_stopped": False}, "guardrails_failed": [],
+                            "decision": {"decision": "confirmed"}},
                            {"run_id": "lora-r4-with-a-long-variant-name-20261202T224500Z-ef56ab78",
-                            "status": "completed", "training_steps": steps, "guardrails_failed": ["stop_rate"]}],
+                            "status": "completed", "training_steps": steps, "guardrails_failed": ["stop_rate"],
+                            "decision": {"decision": "not confirmed"}}],
                   "pairs": [{"a": "lora-r16-20261202T223000Z-ab12cd34",
                              "b": "lora-r4-with-a-long-variant-name-20261202T224500Z-ef56ab78",
                              "steps": {"comparable": False, "why": "24/24 steps vs 8/24 (budget-stopped; …)",
@@ -57,7 +59,7 @@ def test_compare_lines_fit_118_columns_and_keep_the_flags_as_notes() -> None:
              "verdict": "CONFIRMED"},
             {"run": "lora-r4", "status": "completed (budget)", "primary": "field_accuracy = 0.317 [0.250, 0.383]",
              "gain vs reference [95% CI]": "+0.050 [-0.017, +0.117]", "wins/losses/ties": "10/8/42",
-             "verdict": "NOT CONFIRMED · budget-stopped at 8/24 steps"}]
+             "verdict": "NOT CONFIRMED against the baseline · budget-stopped at 8/24 steps"}]
     pairs = [{"A": "lora-r16 · …", "B": "lora-r4 · …", "metric": "field_accuracy",
               "B − A [95% CI]": "-0.267 [-0.350, -0.183] · NOT COMPARABLE: 24/24 steps vs 8/24 (budget-stopped; …)",
               "B wins/losses/ties": "3/40/17"}]
@@ -66,6 +68,7 @@ def test_compare_lines_fit_118_columns_and_keep_the_flags_as_notes() -> None:
     text = "\n".join(lines)
     assert "completed (budget)" in text and "NOT CONFIRMED" in text and "+0.050 [-0.017, +0.117]" in text
     assert "-0.267 [-0.350, -0.183]" in text and "run against run (B − A on field_accuracy):" in text
+    assert lines[3].split()[-1] == "CONFIRMED" and lines[4].endswith("NOT CONFIRMED")  # the decision word alone
     assert "lora-r4-wit… 1202T2245" in text  # a run id: its variant's start and its start time
     assert "  lora-r4-wit… 1202T2245: budget-stopped at 8/24 steps" in lines
     assert any(line.endswith("guardrail failed: stop_rate") for line in lines)
