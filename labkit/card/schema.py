@@ -1,10 +1,8 @@
-"""The experiment card: the `model`, `method`, `train`, `eval`, `distributed`, `budget` and `tracking` sections as
-strict pydantic models, and the whole `Card` with its cross-section checks (the `experiment` and `data` sections:
-`labkit.card.experiment_and_data`).
+"""The experiment card: the `model`, `method`, `train`, `eval`, `distributed`, `budget` and `tracking` sections as strict
+pydantic models, and the whole `Card` with its cross-section checks (`experiment`, `data`: `card.experiment_and_data`).
 
-A card is one YAML file, one variant of an experiment. Unknown keys, wrong types and missing
-required keys are errors; `labkit.card.load` turns them into one line naming the file and the key.
-"""
+A card is one YAML file, one variant of an experiment. Unknown keys, wrong types and missing required keys are
+errors; `labkit.card.load` turns them into one line naming the file and the key."""
 
 from __future__ import annotations
 
@@ -221,6 +219,8 @@ class Distributed(Strict):
 class Budget(Strict):
     max_minutes: float = Field(default=60, gt=0, description="training stops (checkpointed) past this")
     price_per_gpu_hour: float = Field(default=0.0, ge=0)
+    is_protocol: bool = Field(default=False, description="true: the budget is the protocol (runs compared at the steps "
+                              "it allows); false: a budget-stopped run is not comparable with one of other steps")
 
 
 class Card(Strict):

@@ -72,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
     from labkit.cli.runner import load_all, resume_run, run_replicates
+    from labkit.cli.summary import verdict_summary
 
     if args.resume:
         if args.cards:
@@ -84,13 +85,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError("labkit run needs at least one card (or --resume RUN_ID)")
     cards = load_all(args.cards, lambda loaded: _root(args, loaded.path.parent))  # every card checked first
     nb_dir = notebooks_dir(args.notebooks)
-    code = 0
+    code, ends = 0, []
     for loaded in cards:
         try:
-            run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
+            runs = run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
+            ends += [verdict_summary(run) for run in runs]
         except LabkitError as exc:  # report, go on with the next card
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
+            ends.append(f"verdict {loaded.card.experiment.id}/{loaded.card.experiment.variant}: none "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:80]})")
+    if len(ends) > 1:  # several runs: each one's verdict again, together, at the very end
+        print(f"summary of {len(ends)} runs:", flush=True)
+        for line in ends:
+            print(f"  {line}", flush=True)
     return code
 
 
@@ -203,7 +211,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     """`labkit compare EXPERIMENT`: every run of an experiment under one protocol, and its HTML report."""
     from labkit.experiment.compare import summary_rows
     from labkit.experiment.report import build_report
-    from labkit.experiment.runs_table import seed_rows
+    from labkit.cli.summary import compare_lines
+    from labkit.experiment.runs_table import pair_rows, seed_rows
 
     root = _root(args)
     if not any(r.get("experiment") == args.experiment for r in R.summarise(R.read_registry(root))):
@@ -217,12 +226,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
             shutil.rmtree(report, ignore_errors=True)
         raise
     comparison = io.read_json(index.parent / "comparison.json")
-    for row in summary_rows(comparison):
-        print(" · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
-    for row in seed_rows(comparison):  # a variant with several seeds: every seed, then the variant across them
-        print("seeds · " + " · ".join(f"{k}: {v}" for k, v in row.items() if v not in ("", None)))
+    # a table of at most ~118 columns; every number and sentence is in comparison.json and the report
+    for line in compare_lines(comparison, summary_rows(comparison), pair_rows(comparison), seed_rows(comparison)):
+        print(line)
     if note := lost_events_note(root):
         print(f"labkit: note: {note}")
+    print(f"data: {index.parent / 'comparison.json'}")
     print(f"report: {index}")
     return 0
 

@@ -6,12 +6,13 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from labkit import errors
 from labkit.card.load import LoadedCard, load_card
 from labkit.cli.follow import Tail
 from labkit.cli.signals import Signals
+from labkit.cli.summary import budget_stop, registry_summary, verdict_summary
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.heartbeat import is_dead, start_heartbeat
@@ -22,7 +23,6 @@ from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterru
 from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
 from labkit.model.card_check import check_card
 from labkit.stages import records
-from labkit.stages.records import read_outcome
 
 # `labkit check` reaches this module for `check_card`: what only a run needs — papermill, the environment capture
 # (torch), the experiment report (matplotlib, nbconvert) — is imported inside the function that needs it (the command
@@ -89,17 +89,6 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
     return stage_seconds(run.dir, stage) or time.monotonic() - start  # the marks `labkit runs --follow` reads
 
 
-def _summary(run: R.Run) -> dict[str, Any]:
-    path = run.dir / "comparison" / "verdict.json"
-    if not path.exists():
-        return {}
-    verdict = io.read_json(path)
-    primary = verdict["primary"]
-    ref, tuned = primary.get("reference", primary.get("baseline")), primary.get("tuned")  # against the card's reference
-    return {"confirmed": verdict["confirmed"], "decision": verdict.get("decision"), primary["metric"]: {"baseline": None if ref is None else round(ref, 4),
-                                                                   "tuned": None if tuned is None else round(tuned, 4)}}
-
-
 def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[str], None]) -> None:
     """Execute stages in order, recording failure and interruption (the run's status follows)."""
     total = time.monotonic()
@@ -136,23 +125,13 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
         beating.set()
         for name in MLFLOW_ENV:  # the next card's run is its own
             os.environ.pop(name, None)
-    summary = _summary(run)
-    budget = _budget_stop(run)
+    budget = budget_stop(run)
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
-             summary=summary, **budget)
+             summary=registry_summary(run), **budget)
     label = R.status_label({**budget, "status": run.status()["status"]})  # "invalid" when invalidated meanwhile
     log(f"{label} in {time.monotonic() - total:.0f} s → {run.dir}" + (f" ({budget['note']})" if budget else ""))
     mirror_safely(run, final=True, report=refresh_report(run, log))
-
-
-def _budget_stop(run: R.Run) -> dict[str, Any]:
-    """{"stopped_by": "budget", "note"} when training stopped on budget.max_minutes (training/outcome.json says so,
-    as training wrote it), else {}."""
-    outcome = read_outcome(run.dir)
-    if outcome is None or not outcome.get("budget_exhausted"):
-        return {}
-    return {"stopped_by": "budget", "note": f"training stopped by budget.max_minutes after {outcome.get('steps')} "
-                                            "step(s); a checkpoint was written"}
+    log(verdict_summary(run))  # the card's result is its output's last line
 
 
 def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | None:
@@ -341,7 +320,7 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
             mirror_safely(run, final=True)
         for name in MLFLOW_ENV:
             os.environ.pop(name, None)
-    budget = _budget_stop(run) if stage == "training" else {}
+    budget = budget_stop(run) if stage == "training" else {}
     R.record(run, "completed", status="completed", stage=stage, seconds=round(seconds, 1), **budget)
     mirror_safely(run, final=True)
     label = R.status_label({**budget, "status": run.status()["status"]})  # "invalid" when invalidated meanwhile

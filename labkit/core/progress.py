@@ -129,8 +129,10 @@ def _took(seconds: float) -> str:
 
 def describe(event: dict[str, Any]) -> str:
     """One terminal line for an event: `training: step 6/8 · loss 2.134 · ETA 0:12`, `parameter_check: update
-    check: 2 optimiser steps done in 3.1 s`."""
+    check: 2 optimiser steps done in 3.1 s`; a warning: its text)."""
     stage = str(event.get("stage", "?"))
+    if event.get("warning"):
+        return f"    {stage}: warning: {event['warning']}"
     if event.get("phase") == TASK:
         state, label = event.get("state"), str(event.get("label"))
         what = label + (" …" if state == "start" else f" done in {_took(float(event.get('seconds') or 0))}"

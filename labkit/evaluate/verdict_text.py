@@ -33,3 +33,40 @@ def stopping_text(reference: dict[str, Any] | None, tuned: dict[str, Any] | None
     if ref is None or value is None:
         return ""
     return f"stop_rate {ref:.2f} → {value:.2f} (answers that ended before eval.max_new_tokens)"
+
+
+def verdict_line(decision: Any, pairs: dict[str, Any] | None = None, budget: str = "", width: int = 110) -> str:
+    """A run's result in one line, for the end of `labkit run`: the decision word, the primary metric reference →
+    tuned with its interval (`interval_text`), wins / losses / ties, the guardrails, a budget stop.
+
+    Args:
+        decision: a `labkit.evaluate.verdict.Verdict` (comparison/verdict.json).
+        pairs: comparison/paired.json ({"key", "wins", "losses", "ties"}) or None.
+        budget: "budget-stopped at 8/24 steps" (`labkit.core.comparability.budget_note`) or "".
+        width: where the reason of a NOT JUDGED verdict is cut (…).
+    Returns:
+        e.g. "NOT CONFIRMED · field_accuracy 0.100 → 0.150 (gain +0.050, 95% interval [-0.050, +0.150] on n = 12
+        examples) · 3 wins / 1 loss / 8 ties · guardrails 2/3 pass, failing: json_valid_rate · budget-stopped at
+        8/24 steps".
+    """
+    p = decision["primary"]
+    word = str(decision.get("decision") or ("confirmed" if decision.get("confirmed") else "not confirmed")).upper()
+    parts = [word]
+    if decision.get("decision") == "not judged":
+        why = decision["verdict"].split(":", 1)[-1].strip()
+        parts.append(why if len(why) <= width else why[: width - 1] + "…")
+    else:
+        ref, tuned = p.get("reference", p.get("baseline")), p.get("tuned")
+        shown = " → ".join("—" if v is None else f"{v:.3f}" for v in (ref, tuned))
+        who = "" if decision.get("against", "baseline") == "baseline" else f" against {decision['against']}"
+        interval = "" if p.get("rule") == "point" else f" ({interval_text(p)})"
+        parts.append(f"{p['metric']} {shown}{who}{interval}")
+        if pairs and pairs.get("key"):
+            parts.append(f"{pairs['wins']} wins / {pairs['losses']} losses / {pairs['ties']} ties")
+        rails = decision.get("guardrails") or []
+        failed = [g["metric"] for g in rails if not g["ok"]]
+        parts.append(f"guardrails {len(rails) - len(failed)}/{len(rails)} pass"
+                     + (f", failing: {', '.join(failed)}" if failed else "") if rails else "no guardrails")
+    if budget:
+        parts.append(budget)
+    return " · ".join(parts)

@@ -18,6 +18,7 @@ from labkit.card.load import card_diff
 from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.comparability import budget_note, comparable, marked, training_steps
 from labkit.core.io import read_jsonl
 from labkit.core.protocol import (
     PROTOCOL_KEYS,
@@ -72,6 +73,9 @@ def _judge_variant_row(row: dict[str, Any], rows: list[dict[str, Any]], card: Ca
                            reference_rows=ref_rows, tuned_rows=row["tuned_rows"], **bootstrap)
     which = strongest_baseline(Path(row["dir"]))  # the baseline rows and metrics are this prompt's
     decision = baseline_named(decision, which)
+    decision = marked(decision, Path(row["dir"]), Path(ref["dir"]) if ref else None)  # budget stop, steps
+    if ref:
+        row["steps_not_comparable"] = comparable(Path(row["dir"]), Path(ref["dir"]))["why"]
     row.update({"against": target.against, "reference_run": ref["run_id"] if ref else None,
                 "baseline_prompt": which["name"],
                 "confirmed": decision["confirmed"], "verdict": decision["verdict"], "decision": decision,
@@ -101,9 +105,11 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         protocol changes and the card's protocol_change reason), run metrics, verdict against the card's reference,
         intervals against the baseline (and against the reference variant), paired wins/losses/ties and
         concentration on the primary metric's per-example value (None for a run metric), its training "seed" (and
-        "replicate", "replicates" for a replicate). "pairs" holds the paired intervals between every two comparable
-        runs, and between variants across their seeds where one has several; "variants" judges each variant with
-        several seeds across them (labkit.experiment.replicates.variant_summaries).
+        "replicate", "replicates" for a replicate), "training_steps" and "budget_note" ("budget-stopped at 8/24
+        steps" or ""), "steps_not_comparable" against a reference variant (`labkit.core.comparability.comparable`'s
+        why, "" when comparable). "pairs" holds the paired intervals between every two comparable runs (each with
+        "steps": `comparable`'s answer for the two), and between variants across their seeds where one has
+        several; "variants" judges each variant with several seeds across them (labkit.experiment.replicates.variant_summaries).
     """
     R.mark_dead_runs(root)  # a run whose process died is shown interrupted, never running
     rows = experiment_runs(root, experiment, current)
@@ -120,6 +126,8 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
         if (folder / "training" / "outcome.json").exists() or (folder / "parameter_check" / "fit.json").exists():
             price = (_load_card(root, experiment, row["run_id"]).get("budget") or {}).get("price_per_gpu_hour", 0.0)
             row["run_metrics"] = run_metrics(folder, price)
+            steps = training_steps(folder)
+            row.update(training_steps=steps, budget_note=budget_note(steps))  # "budget-stopped at 8/24 steps"
         if not row["has_results"] or not (folder / "card.yaml").exists():
             continue
         raw = yaml.safe_load((folder / "card.yaml").read_text(encoding="utf-8"))
@@ -150,6 +158,10 @@ def compare_experiment(root: Path, experiment: str, current: str | None = None, 
             names = [row["primary_metric"], *row["guardrail_metrics"]]
             _judge_variant_row(row, rows, card, [n for n in names if n not in RUN_METRICS] or ["exact_match"], bootstrap)
     pairs = pairwise(rows, bootstrap)
+    dirs = {r["run_id"]: Path(r["dir"]) for r in rows}
+    for pair in pairs:  # run against run: flagged when their training steps are not comparable
+        if pair.get("a") in dirs and pair.get("b") in dirs:
+            pair["steps"] = comparable(dirs[pair["a"]], dirs[pair["b"]])
     variants = variant_summaries(seed_groups(rows), cards, bootstrap)
     for row in rows:  # the per-example rows served the statistics; the comparison keeps their results only
         for key in ("base_rows", "tuned_rows", "baseline_metrics", "tuned_metrics", "card_key"):

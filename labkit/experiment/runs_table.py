@@ -59,7 +59,8 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for row in comparison["runs"]:
         metrics = row.get("run_metrics") or {}
-        flat: dict[str, Any] = {"run": row["run_id"], "status": row["status"]}  # the run id starts with the variant
+        flat: dict[str, Any] = {"run": row["run_id"], "status": row["status"]  # the run id starts with the variant
+                                + (" (budget)" if row.get("budget_note") else "")}
         if row.get("replicate"):  # a replicate of its variant (experiment.replicates)
             flat["seed"] = f"{row.get('seed')} (replicate {row['replicate']}/{row.get('replicates')})"
         if "intervals" in row:
@@ -85,7 +86,9 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
             concentration = row.get("concentration")
             flat.update({
                 "verdict": ("CONFIRMED" if row["confirmed"] else row["verdict"].split(":")[0])
-                + ("" if row["comparable"] else " · NOT COMPARABLE: " + ", ".join(row["protocol_changes"])),
+                + ("" if row["comparable"] else " · NOT COMPARABLE: " + ", ".join(row["protocol_changes"]))
+                + (f" · {row['budget_note']}" if row.get("budget_note") else "")
+                + (f" · NOT COMPARABLE: {row['steps_not_comparable']}" if row.get("steps_not_comparable") else ""),
                 "wins/losses/ties": "{wins}/{losses}/{ties}".format(**pairs) if pairs and pairs.get("key") else "—",
                 "changed vs parent": "; ".join(fmt_change(k, v, 40) for k, v in (row.get("changed") or {}).items()) or "—",
                 "flags": "; ".join(((concentration or {}).get("flags") or []) +
@@ -160,7 +163,8 @@ def pair_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
                     "B − A [95% CI]": fmt_interval(iv["diff"], signed=True) + (
                         f"; across seeds and examples: {p['decision']} (examples only: "
                         f"{fmt_interval(p['across_seeds']['diff_examples_only'], signed=True)})"
-                        if "decision" in p else ""),
+                        if "decision" in p else "")
+                    + ("" if (p.get("steps") or {}).get("comparable", True) else f" · NOT COMPARABLE: {p['steps']['why']}"),
                     "B wins/losses/ties": "{wins}/{losses}/{ties}".format(**p["paired"]),
                     "B / A run metrics": ratios or "—"})
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from labkit.core.comparability import marked
 from labkit.core.io import read_jsonl
 
 from labkit.evaluate.verdict import Verdict, paired, verdict
@@ -65,17 +66,18 @@ def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dic
         baseline_metrics: the base model's metrics.
         tuned_metrics: this run's.
     Returns:
-        `labkit.evaluate.verdict.verdict`'s decision, also saved as verdict.json.
+        `labkit.evaluate.verdict.verdict`'s decision, also saved as verdict.json; a budget-stopped run says so in its
+        sentence, and "not comparable" against a reference run of other steps (`labkit.core.comparability.marked`).
     """
     price = stage.card.budget.price_per_gpu_hour
     tuned_metrics["run"] = run_metrics(stage.run.dir, price)
     stage.save_json(TUNED_METRICS, tuned_metrics)
     against = stage.card.experiment.target.against
-    reference, ref_id, ref_rows = None, None, None
+    reference, ref_id, ref_rows, ref_dir = None, None, None, None
     if against != "baseline":
         row = reference_run(stage.run.root, stage.run.experiment, against)
         if row is not None:
-            reference, ref_id = reference_metrics(row["dir"], price), row["run_id"]
+            reference, ref_id, ref_dir = reference_metrics(row["dir"], price), row["run_id"], Path(row["dir"])
             path = Path(row["dir"]) / "comparison" / TUNED_PREDICTIONS
             ref_rows = read_jsonl(path) if path.exists() else None
     else:
@@ -84,6 +86,7 @@ def judge_run(stage: Stage, baseline_metrics: dict[str, Any], tuned_metrics: dic
     decision = verdict(stage.card, baseline_metrics, tuned_metrics, reference, ref_id, reference_rows=ref_rows,
                        tuned_rows=tuned_rows)
     decision = baseline_named(decision, strongest_baseline(stage.run.dir))  # which baseline prompt is the reference
+    decision = cast(Verdict, marked(cast(dict, decision), stage.run.dir, ref_dir))  # a budget stop said, and steps
     stage.save_json(VERDICT, decision)
     return decision
 

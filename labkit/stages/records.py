@@ -89,9 +89,11 @@ class TrainingOutcome(TypedDict):
     """training/outcome.json: what stage 04's training did (rank 0 writes it; the stage reads it back)."""
 
     steps: int  # optimiser steps reached (the trainer's global step)
+    planned_steps: int  # the steps the card asked for (the trainer's max_steps); fewer reached: see budget_exhausted
     metrics: dict[str, float]  # the trainer's own: train_runtime, train_loss, epoch, …
     resumed_from: str | None  # the checkpoint this session continued from
     budget_exhausted: bool  # budget.max_minutes stopped training (a checkpoint was written)
+    budget_warning: str | None  # the ETA exceeded the budget left during training (labkit.train.callbacks)
     world_size: int  # processes
     interrupted: str | None  # a signal stopped training: what and how to continue
     best_step: int | None

@@ -63,8 +63,9 @@ def train(stage: Stage) -> TrainingOutcome:
     result = trainer.train(resume_from_checkpoint=resume_from)
     interrupted = trainer.labkit_interruption.report(stage.path(CHECKPOINTS), stage.run.run_id)
     outcome: TrainingOutcome = {
-        "steps": trainer.state.global_step, "metrics": result.metrics, "resumed_from": resume_from,
-        "budget_exhausted": trainer.labkit_budget.exhausted, "world_size": trainer.args.world_size,
+        "steps": trainer.state.global_step, "planned_steps": trainer.state.max_steps, "metrics": result.metrics,
+        "resumed_from": resume_from, "budget_exhausted": trainer.labkit_budget.exhausted,
+        "budget_warning": trainer.labkit_budget.warning, "world_size": trainer.args.world_size,
         "interrupted": interrupted, "best_step": trainer.state.best_global_step,
         "best_eval_loss": trainer.state.best_metric if trainer.args.metric_for_best_model == "eval_loss" else None,
         "early_stopped": False, "early_stopping": None,

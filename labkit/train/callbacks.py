@@ -1,8 +1,8 @@
 """The transformers TrainerCallbacks labkit adds to its trainers, and TensorBoard's folder.
 
 - `LiveProgress`: stage 04's live progress, one `labkit.core.progress` event per logged step (step / total, loss,
-  ETA) and per evaluation; `labkit run` prints them on the terminal while the archived notebook stays free of
-  progress bars. The ETA uses stage 03's measured step time ($LABKIT_STEP_SECONDS, set by `labkit run` from
+  ETA) and per evaluation, and the warning when the ETA exceeds the budget left (`budget_warning`); `labkit run`
+  prints them on the terminal while the archived notebook stays free of progress bars. The ETA uses stage 03's measured step time ($LABKIT_STEP_SECONDS, set by `labkit run` from
   `parameter_check/fit.json`) until three steps of this run have been timed, then this run's own pace.
 - `FiniteCheck`: stops training (`labkit.errors.NonFiniteError`) at a logged step whose loss or gradient norm is NaN
   or infinite, and at an evaluation whose loss is, naming the step, the last finite loss and the fix (`numerics_fix`).
@@ -31,7 +31,7 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils.notebook import NotebookProgressCallback
 
-from labkit.core.progress import emit
+from labkit.core.progress import emit, fmt_seconds
 from labkit.errors import NonFiniteError
 
 
@@ -53,32 +53,75 @@ def eta(step: int, total: int, start_step: int, elapsed: float, planned: float |
     return None if planned is None else (total - step) * planned
 
 
+def budget_warning(step: int, total: int, eta_s: float, remaining_s: float, max_minutes: float) -> str:
+    """The warning when training's ETA exceeds the budget left: where it will stop, and the options.
+
+    Args:
+        step: the current step.
+        total: the last step.
+        eta_s: seconds training still needs (`eta`).
+        remaining_s: seconds of budget.max_minutes left.
+        max_minutes: budget.max_minutes.
+    Returns:
+        one line: the ETA against the budget left, the step it will stop at, the four options.
+    """
+    pace = eta_s / max(1, total - step)
+    reach = min(total, step + int(max(0.0, remaining_s) // pace)) if pace > 0 else total
+    need = math.ceil((max_minutes * 60 - remaining_s + eta_s) / 60)
+    return (f"ETA {fmt_seconds(eta_s)} exceeds the {fmt_seconds(remaining_s)} left of budget.max_minutes "
+            f"{max_minutes:g}: training will stop at about step {reach} of {total}, budget-stopped (not comparable "
+            f"with runs that train their planned steps). Options: raise budget.max_minutes to {need} or more; fewer "
+            "train.max_steps / train.epochs; a shorter data.max_length; or budget.is_protocol: true to accept the "
+            "budget as the protocol")
+
+
 class LiveProgress(TrainerCallback):
     """Emits `{"phase": "train", "done", "total", "loss"|"eval_loss", "eta_s"}` every `every` steps
-    (train.logging_steps), at the first and last step and at every evaluation.
+    (train.logging_steps), at the first and last step and at every evaluation; and once, as soon as the ETA exceeds
+    the budget left (stage 03's step time at the start, then this run's pace), `{"phase": "budget", "warning"}`
+    (`budget_warning`), also printed (the notebook's output) and kept as `budget.warning`.
 
     Args:
         every: the logging interval in steps.
+        budget: the `labkit.train.trainer.BudgetCallback` (start, max_seconds), or None: no budget warning.
     """
 
-    def __init__(self, every: int = 1) -> None:
+    def __init__(self, every: int = 1, budget: Any = None) -> None:
         self.every = every
         self.planned = float(os.environ["LABKIT_STEP_SECONDS"]) if os.environ.get("LABKIT_STEP_SECONDS") else None
         self.start = 0.0
         self.start_step = 0
+        self.budget = budget
+        self.warned = False
 
     def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
         self.start, self.start_step = time.monotonic(), state.global_step
+        if state.is_world_process_zero:
+            self._check_budget(state.global_step, state.max_steps, eta(state.global_step, state.max_steps,
+                                                                       state.global_step, 0.0, self.planned))
+
+    def _check_budget(self, step: int, total: int, left: float | None) -> None:
+        if self.warned or self.budget is None or left is None or step >= total:
+            return  # the last step is never a budget stop (`BudgetStop`)
+        remaining = self.budget.max_seconds - (time.monotonic() - self.budget.start)
+        if left <= remaining:
+            return
+        self.warned = True
+        self.budget.warning = budget_warning(step, total, left, remaining, self.budget.max_seconds / 60)
+        print(f"labkit: warning: {self.budget.warning}", flush=True)
+        emit(phase="budget", warning=self.budget.warning, done=step, total=total, eta_s=left)
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
         logs = logs or {}
         if not state.is_world_process_zero or not ({"loss", "eval_loss"} & set(logs)):
             return
         step, total = state.global_step, state.max_steps
+        left = eta(step, total, self.start_step, time.monotonic() - self.start, self.planned)
+        if "loss" in logs:
+            self._check_budget(step, total, left)
         if "loss" in logs and not (step % self.every == 0 or step <= 1 or step == total):
             return
-        emit(phase="train", done=step, total=total, loss=logs.get("loss"), eval_loss=logs.get("eval_loss"),
-             eta_s=eta(step, total, self.start_step, time.monotonic() - self.start, self.planned))
+        emit(phase="train", done=step, total=total, loss=logs.get("loss"), eval_loss=logs.get("eval_loss"), eta_s=left)
 
 
 def numerics_fix(lr: float, max_grad_norm: float, precision: str, attention: str) -> str:
@@ -149,6 +192,7 @@ class FiniteCheck(TrainerCallback):
 
 class BudgetStop(TrainerCallback):
     """Stops training after the step that spends the budget; a checkpoint to continue from when checkpoints are on.
+    The last planned step is never a budget stop: that run trained all its steps.
 
     Args:
         budget: the `labkit.train.trainer.BudgetCallback` holding the start, the limit and the `exhausted` flag.
@@ -158,7 +202,7 @@ class BudgetStop(TrainerCallback):
         self.budget = budget
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-        if time.monotonic() - self.budget.start > self.budget.max_seconds:
+        if time.monotonic() - self.budget.start > self.budget.max_seconds and state.global_step < state.max_steps:
             self.budget.exhausted = True
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"  # a checkpoint to continue from

@@ -59,6 +59,7 @@ class BudgetCallback:
         self.max_seconds = max_minutes * 60
         self.start = time.monotonic()
         self.exhausted = False
+        self.warning: str | None = None  # the ETA exceeded the budget left (labkit.train.callbacks.budget_warning)
 
     def callback(self) -> Any:
         """The TrainerCallback that stops training on this budget (`labkit.train.callbacks.BudgetStop`)."""
@@ -190,7 +191,7 @@ def _attach(trainer: Any, budget: BudgetCallback, interruption: Any, checkpoints
     trainer.add_callback(TokenCount())  # the tokens trained on (labkit.train.token_count): stage 04's cost record
     if checkpoints:
         thin_progress(trainer, logging_steps)
-        trainer.add_callback(LiveProgress(logging_steps))
+        trainer.add_callback(LiveProgress(logging_steps, budget))
         tensorboard_into(trainer, Path(output_dir).parent / "tensorboard")
     return trainer
 

@@ -28,6 +28,16 @@ def test_run_folder_layout(smoke_run) -> None:
     assert yaml.safe_load((run / "card.yaml").read_text())["experiment"]["id"] == "smoke"
 
 
+def test_the_last_line_of_labkit_run_is_the_verdict(smoke_run) -> None:
+    run, proc = smoke_run
+    last = proc.stdout.strip().splitlines()[-1]
+    verdict = json.loads((run / "comparison" / "verdict.json").read_text())
+    assert last.startswith("verdict smoke/tiny-lora: " + verdict["decision"].upper() + " · field_accuracy "), last
+    assert " · guardrails " in last and "budget-stopped" not in last
+    pairs = json.loads((run / "comparison" / "paired.json").read_text())
+    assert f"{pairs['wins']} wins / {pairs['losses']} losses / {pairs['ties']} ties" in last
+
+
 def test_no_secret_in_any_file_of_the_run(smoke_run) -> None:
     run, proc = smoke_run
     planted = [v.encode() for v in SECRETS.values()] + [TOKEN_FILE_SECRET.encode()]

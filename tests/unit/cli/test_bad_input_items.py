@@ -27,6 +27,7 @@ from test_bad_inputs import CARD, MARKER, TEST_ROW, _merge, _rows
 
 from labkit.card.load import load_card
 from labkit.cli import runner
+from labkit.cli.summary import budget_stop
 from labkit.cli.main import main
 from labkit.core import io
 from labkit.core import runs as R
@@ -214,7 +215,7 @@ def test_item3_budget_stop_is_a_visible_status(tmp_path: Path, capsys) -> None:
     # training/outcome.json as training writes it; a summary a notebook cell could edit is not read
     io.write_json(run.dir / "training" / "outcome.json", {"steps": 3, "budget_exhausted": True})
     io.write_json(run.dir / "training" / "summary.json", {"steps": 3, "budget_exhausted": False})
-    budget = runner._budget_stop(run)  # what `labkit run` records when the run completes
+    budget = budget_stop(run)  # what `labkit run` records when the run completes
     R.record(run, "completed", status="completed", **budget)
     assert main(["--runs", str(root), "runs"]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if run.run_id in line][0]

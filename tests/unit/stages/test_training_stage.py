@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from labkit.card.load import load_card
-from labkit.cli import runner
+from labkit.cli.summary import budget_stop
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.errors import MissingInput
@@ -51,20 +51,20 @@ def test_finish_records_the_outcome_training_wrote(tmp_path: Path) -> None:
                        "first_loss": 2.5, "last_loss": 1.25, "train_seconds": 3.5, "world_size": 1,
                        "resumed_from": "/r/training/trainer/checkpoint-2", "budget_exhausted": True}
     assert io.read_json(stage.path("summary.json")) == summary
-    assert runner._budget_stop(stage.run) == {
+    assert budget_stop(stage.run) == {
         "stopped_by": "budget", "note": "training stopped by budget.max_minutes after 4 step(s); a checkpoint was written"}
     # the budget status reads outcome.json: a summary edited by hand changes nothing
     io.write_json(stage.path("summary.json"), {**summary, "budget_exhausted": False})
-    assert runner._budget_stop(stage.run)["stopped_by"] == "budget"
+    assert budget_stop(stage.run)["stopped_by"] == "budget"
     io.write_json(stage.path("outcome.json"), _outcome())
-    assert runner._budget_stop(stage.run) == {}
+    assert budget_stop(stage.run) == {}
 
 
 def test_finish_without_an_outcome_is_a_missing_input(tmp_path: Path) -> None:
     stage = _stage(tmp_path)
     with pytest.raises(MissingInput, match="training/outcome.json is missing: run the training stage"):
         training.finish(stage)
-    assert read_outcome(stage.run.dir) is None and runner._budget_stop(stage.run) == {}
+    assert read_outcome(stage.run.dir) is None and budget_stop(stage.run) == {}
     assert not stage.path("summary.json").exists()
 
 
