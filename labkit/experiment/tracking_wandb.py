@@ -131,6 +131,7 @@ def mirror_wandb(run: R.Run, settings: Any, report: Path | None = None) -> dict[
             session.log_artifact(artifact)
     finally:
         session.finish(exit_code=EXIT_CODES.get(labkit_state["status"], 1))
+        wandb.teardown()  # wait for W&B's service to write (offline) or send everything before labkit moves on
     return state
 
 
