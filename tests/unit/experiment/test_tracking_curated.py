@@ -156,9 +156,25 @@ def test_the_trainer_reports_to_wandb_only_under_a_mirrored_run(monkeypatch: pyt
     from labkit.card.load import load_card as load
     from labkit.train.trainer import report_to
 
-    card = load(REPO / "params" / "smoke.yaml").card.model_copy(deep=True)
-    card.tracking.wandb = True
+    card = load(REPO / "params" / "smoke.yaml").card
+    card = card.model_copy(update={"tracking": card.tracking.model_copy(update={"wandb": True})})
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     assert "wandb" not in report_to(card)
     monkeypatch.setenv("WANDB_RUN_ID", "x")
     assert "wandb" in report_to(card)
+
+
+def test_tracking_wandb_in_a_card(tmp_path: Path) -> None:
+    from labkit.errors import CardError
+
+    def child(body: str) -> Path:
+        card = tmp_path / "child.yaml"
+        card.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\ntracking: {body}\n")
+        return card
+
+    assert load_card(child("{wandb: true}")).card.tracking.wandb_settings().project is None
+    got = load_card(child("{wandb: {project: triage, entity: lab}}")).card.tracking.wandb_settings()
+    assert (got.project, got.entity) == ("triage", "lab")
+    assert load_card(child("{wandb: false}")).card.tracking.wandb_settings() is None
+    with pytest.raises(CardError, match="tracking.wandb"):  # no key for a secret: the card is archived
+        load_card(child("{wandb: {project: triage, api_key: abc}}"))
