@@ -211,7 +211,8 @@ def description(run: R.Run, card: dict[str, Any]) -> str:
     if verdict.get("verdict"):
         lines.append(f"**Verdict:** {verdict['verdict']}")
     else:
-        lines.append(f"**Verdict:** none yet (run {state['status']})")
+        lines.append("**Verdict:** none yet (the run is running)" if state["status"] == "running" else
+                     f"**Verdict:** none (the run {state['status']} before stage 05 decided)")
     if state["status"] == "budget_stopped":
         planned = f" of {state['planned']}" if state["planned"] else ""
         lines += ["", f"**Budget-stopped:** training stopped by budget.max_minutes after {state['steps']}{planned} "
