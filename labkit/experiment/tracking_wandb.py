@@ -119,8 +119,8 @@ def mirror_wandb(run: R.Run, settings: Any, report: Path | None = None) -> dict[
                                   description=f"tables and report of labkit run {run.run_id}")
         for name, rows in C.tuned_tables(run.dir, card).items():
             artifact.add(_table(wandb, rows), f"tables/{name}")
-        if baseline := C.baseline_table(run.dir, card):  # the same content in every run: one stored file (W&B
-            key, rows = baseline                          # deduplicates artifact files by digest)
+        if baseline := C.baseline_table(run.dir, card):  # offline, W&B cannot say whether another run sent it:
+            key, rows = baseline                          # each run's artifact carries the (small) table
             artifact.add(_table(wandb, rows), f"tables/baseline_{key}")
         with tempfile.TemporaryDirectory() as tmp:
             if report is not None and report.exists():

@@ -178,3 +178,29 @@ def test_tracking_wandb_in_a_card(tmp_path: Path) -> None:
     assert load_card(child("{wandb: false}")).card.tracking.wandb_settings() is None
     with pytest.raises(CardError, match="tracking.wandb"):  # no key for a secret: the card is archived
         load_card(child("{wandb: {project: triage, api_key: abc}}"))
+
+
+def test_wandb_without_a_key_or_a_server_logs_offline_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    import socket
+
+    from labkit.card.tracking import WandbTracking
+    from labkit.experiment.tracking_wandb import open_wandb
+
+    with socket.socket() as probe:  # a local port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    run = _finished_run(tmp_path, "{wandb: true}")
+    state = open_wandb(run, WandbTracking())
+    assert state["mode"] == "offline" and state["project"] == "smoke" and state["dir"] == str(run.root)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no API key" in err[0] and "logged offline" in err[0]
+    assert open_wandb(run, WandbTracking()) == state  # decided once per run
+    monkeypatch.setenv("WANDB_API_KEY", "labkit-planted-wandb-key-42")
+    other = _finished_run(tmp_path, "{wandb: true}", variant="other")
+    assert open_wandb(other, WandbTracking())["mode"] == "offline"
+    assert "cannot be reached" in capsys.readouterr().err
