@@ -68,8 +68,8 @@ class Guardrail(Strict):
 
 
 # what labkit (and a relative MLflow store) keeps in the runs root beside the experiments' folders — registry.jsonl,
-# registry.torn/ and any registry.* — so no experiment may take these names
-RESERVED_IN_RUNS_ROOT = ("registry", "mlruns", "mlartifacts", "mlflow.db")
+# registry.torn/ and any registry.* — and W&B's offline files (wandb/), so no experiment may take these names
+RESERVED_IN_RUNS_ROOT = ("registry", "mlruns", "mlartifacts", "mlflow.db", "wandb")
 
 
 class Experiment(Strict):

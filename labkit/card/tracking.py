@@ -1,5 +1,6 @@
-"""The card's `tracking` section: where runs are also reported (MLflow, TensorBoard). Not protocol-fixed: reporting
-never changes a result. A tracking URI carries no credentials: the card is archived with every run."""
+"""The card's `tracking` section: where runs are also reported (MLflow, Weights & Biases, TensorBoard). Not
+protocol-fixed: reporting never changes a result. Nothing here carries credentials: the card is archived with every
+run (MLflow reads them from MLFLOW_TRACKING_USERNAME / _PASSWORD / _TOKEN, W&B from WANDB_API_KEY or `wandb login`)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,29 @@ class MlflowTracking(Strict):
         return value
 
 
+class WandbTracking(Strict):
+    """Weights & Biases: where the runs go (the API key never: WANDB_API_KEY or `wandb login`)."""
+
+    project: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$",
+                                description="the W&B project (default: the experiment.id)")
+    entity: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^/\\#?%:]+$",
+                               description="the W&B team or user (default: the API key's default entity)")
+
+
 class Tracking(Strict):
     """Where runs are also reported (off by default); not protocol-fixed: tracking never changes a result."""
 
     mlflow: MlflowTracking | None = Field(default=None, description="mirror every run into MLflow (one MLflow "
-                                          "experiment per experiment.id): card, data version, metrics, status, notebooks")
+                                          "experiment per experiment.id): hypothesis and verdict, headline metrics, "
+                                          "tables, the report, status")
+    wandb: bool | WandbTracking = Field(default=False, description="true (or {project, entity}): report every run to "
+                                        "Weights & Biases (one W&B project per experiment.id): the trainer's step "
+                                        "metrics and the same headline metrics, tables and report as MLflow; "
+                                        "WANDB_MODE=offline logs to files only")
     tensorboard: bool = Field(default=False, description="stage 04 writes TensorBoard event files to training/tensorboard")
+
+    def wandb_settings(self) -> WandbTracking | None:
+        """The W&B settings when W&B is on (`wandb: true` is the defaults), else None."""
+        if self.wandb is True:
+            return WandbTracking()
+        return self.wandb or None

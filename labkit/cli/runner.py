@@ -20,7 +20,7 @@ from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV, FILE as PROGRESS_FILE, stage_seconds
 from labkit.core.replicates import Replicate, replicates
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
-from labkit.experiment.tracking import MLFLOW_ENV, mirror_safely
+from labkit.experiment.tracking import mirror_safely, restore_env
 from labkit.model.card_check import check_card
 from labkit.stages import records
 
@@ -123,8 +123,7 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
         raise
     finally:
         beating.set()
-        for name in MLFLOW_ENV:  # the next card's run is its own
-            os.environ.pop(name, None)
+        restore_env()  # the next card's run is its own
     budget = budget_stop(run)
     R.record(run, "completed", status="completed", timings=timings, seconds=round(time.monotonic() - total, 1),
              summary=registry_summary(run), **budget)
@@ -318,8 +317,7 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         beating.set()
         if run.status().get("status") != "running":
             mirror_safely(run, final=True)
-        for name in MLFLOW_ENV:
-            os.environ.pop(name, None)
+        restore_env()
     budget = budget_stop(run) if stage == "training" else {}
     R.record(run, "completed", status="completed", stage=stage, seconds=round(seconds, 1), **budget)
     mirror_safely(run, final=True)

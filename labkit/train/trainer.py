@@ -168,8 +168,9 @@ def _fix(card: Card, model: Any, device: str) -> str:
 
 
 def report_to(card: Card) -> list[str]:
-    """The trainer's `report_to` from the card's `tracking` section: "tensorboard", and "mlflow" when `labkit run`
-    mirrors this run into MLflow (it sets MLFLOW_RUN_ID, so the step metrics join the mirrored run).
+    """The trainer's `report_to` from the card's `tracking` section: "tensorboard", "mlflow" and "wandb" when
+    `labkit run` mirrors this run there (it sets MLFLOW_RUN_ID / WANDB_RUN_ID, so the step metrics join the mirrored
+    run, once; the mirror itself sends no step metric).
 
     Args:
         card: the card.
@@ -179,6 +180,8 @@ def report_to(card: Card) -> list[str]:
     names = ["tensorboard"] if card.tracking.tensorboard else []
     if card.tracking.mlflow is not None and os.environ.get("MLFLOW_RUN_ID"):
         names.append("mlflow")
+    if card.tracking.wandb_settings() is not None and os.environ.get("WANDB_RUN_ID"):
+        names.append("wandb")
     return names
 
 

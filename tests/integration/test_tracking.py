@@ -15,9 +15,16 @@ import nbformat
 from tests.conftest import REPO, labkit
 
 
+WANDB_KEY = "labkit-planted-wandb-key-42"
+CHROMIUM = Path("/usr/bin/chromium")  # Debian's, driven by Playwright (as tests/integration/test_report_browser.py)
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync"]
+
+
 def _stream(args: list[str], runs: Path, timeout: int = 900) -> tuple[int, list[tuple[float, str]]]:
     """Run labkit, reading its stdout line by line as it comes (time of arrival, line)."""
-    env = {**os.environ, "LABKIT_RUNS": str(runs), "LABKIT_PROGRESS_SECONDS": "0", "LABKIT_REPORT": "1"}
+    env = {**os.environ, "LABKIT_RUNS": str(runs), "LABKIT_PROGRESS_SECONDS": "0", "LABKIT_REPORT": "1",
+           "WANDB_MODE": "offline", "WANDB_DIR": str(runs.parent / "wandb_files"), "WANDB_API_KEY": WANDB_KEY}
     proc = subprocess.Popen([sys.executable, "-m", "labkit", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     lines, start = [], time.monotonic()
@@ -31,7 +38,7 @@ def test_two_variants_streamed_tracked_and_followed(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     (tmp_path / "tracked.yaml").write_text(
         f"parent: {REPO / 'params' / 'smoke.yaml'}\nexperiment: {{variant: tracked}}\n"
-        "tracking: {mlflow: {uri: 'sqlite:///mlflow.db'}, tensorboard: true}\n")
+        "tracking: {mlflow: {uri: 'sqlite:///mlflow.db'}, tensorboard: true, wandb: true}\n")
     (tmp_path / "truncated.yaml").write_text(  # valid card, but every example is truncated: stage 01 fails
         "parent: tracked.yaml\nexperiment: {variant: truncated}\n"
         "data: {max_length: 40, cleaning: [normalise_whitespace, drop_empty]}\n")
@@ -79,7 +86,10 @@ def test_two_variants_streamed_tracked_and_followed(tmp_path: Path) -> None:
     notebooks = {a.path for a in client.list_artifacts(ok.info.run_id, "notebooks")}
     assert "notebooks/05_comparison.ipynb" in notebooks
     assert {a.path for a in client.list_artifacts(failed.info.run_id, "notebooks")} == {"notebooks/01_baseline.ipynb"}
-    assert {a.path for a in client.list_artifacts(ok.info.run_id, "report")} == {"report/index.html"}
+    report = {a.path for a in client.list_artifacts(ok.info.run_id, "report")}
+    assert {"report/index.html", "report/loss_curves.png", "report/runs"} <= report, report
+    _wandb_offline(runs.parent / "wandb_files", tracked, truncated)
+    _curated(client, experiment, ok, tmp_path)
     assert list((runs / "mlartifacts").rglob("05_comparison.ipynb"))  # beside the store, not in the working folder
 
     # TensorBoard: the event file in the run folder, read back with TensorBoard's own reader
@@ -109,3 +119,53 @@ def test_two_variants_streamed_tracked_and_followed(tmp_path: Path) -> None:
     n = len(rating.session["items"])
     page = build_report(runs, "smoke", resamples=200).read_text(encoding="utf-8")
     assert "Human verdict" in page and f"tie {n} of {n} rated" in page
+
+
+def _curated(client, experiment, ok, tmp_path: Path) -> None:
+    """The MLflow run is curated: classic-training experiment, few metrics, a description, a report page whose
+    images load in headless Chromium the way MLflow's artifact viewer shows it (a blob URL in a sandboxed iframe)."""
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    metrics = ok.data.metrics
+    assert len(metrics) <= 40, sorted(metrics)
+    assert not [m for m in metrics if "rouge" in m or "length_ratio" in m or "use_stemmer" in m]
+    assert "train_runtime" in metrics and not [m for m in metrics if m.startswith("training/metrics")]
+    note = ok.data.tags["mlflow.note.content"]
+    assert "**Hypothesis:**" in note and "field accuracy" in note and "against the baseline" in note
+    assert {a.path for a in client.list_artifacts(ok.info.run_id, "tables")} >= {"tables/per_category.json"}
+    page = Path(client.download_artifacts(ok.info.run_id, "report.html", str(tmp_path / "dl")))
+    if not CHROMIUM.exists():  # the rest of the test goes on: tests/integration/test_report_browser.py skips
+        return
+    from playwright import sync_api
+
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=str(CHROMIUM),
+                                                       args=ARGS, headless=True)
+        view = browser.new_page()
+        view.goto("about:blank")
+        view.evaluate("""html => new Promise(done => {
+            const frame = document.createElement('iframe');
+            frame.sandbox = 'allow-scripts'; frame.style.width = '1200px'; frame.style.height = '900px';
+            frame.onload = () => done();
+            frame.src = URL.createObjectURL(new Blob([html], {type: 'text/html'}));
+            document.body.appendChild(frame); })""", page.read_text(encoding="utf-8"))
+        (frame,) = [f for f in view.frames if f != view.main_frame]
+        frame.wait_for_load_state("load")
+        drawn = frame.eval_on_selector_all("img", "els => els.map(e => e.complete && e.naturalWidth > 0)")
+        browser.close()
+    assert drawn and all(drawn), drawn
+
+
+def _wandb_offline(folder: Path, tracked: Path, truncated: Path) -> None:
+    """W&B's offline files: the trainer's loss of every step, the curated summary, and no API key anywhere."""
+    from tests.wandb_log import history, summary
+
+    logs = sorted(folder.glob(f"wandb/offline-run-*-{tracked.name}/run-{tracked.name}.wandb"))
+    assert len(logs) == 2, list(folder.rglob("*.wandb"))  # the trainer's session, then the final update
+    losses = [v for log in logs for v in history(log, "train/loss")]
+    assert len(losses) == 8 and all(v > 0 for v in losses)
+    values = summary(logs)
+    assert values["labkit.status"] == "completed" and "comparison/field_accuracy" in values
+    assert list(folder.glob(f"wandb/offline-run-*-{truncated.name}"))  # the failed run is reported too
+    for path in [*folder.rglob("*"), *tracked.rglob("*")]:
+        if path.is_file():
+            assert WANDB_KEY.encode() not in path.read_bytes(), path

@@ -20,9 +20,11 @@ ALLOWED = {
     ("labkit.data.prompting", "trl.trainer.sft_trainer"): "trl's SFT module loads peft, bitsandbytes and accelerate "
                                                            "(seconds; bitsandbytes logs as it loads): only a tokenizer "
                                                            "whose pad is its EOS needs its collator",
-    ("labkit.experiment.tracking", "mlflow.tracking"): "mlflow is optional (the `track` extra): only a card with "
-                                                       "tracking.mlflow needs it",
-    ("labkit.experiment.tracking", "mlflow.entities"): "mlflow is optional (the `track` extra)",
+    ("labkit.experiment.tracking_mlflow", "mlflow.tracking"): "mlflow is optional (the `track` extra): only a card "
+                                                              "with tracking.mlflow needs it",
+    ("labkit.experiment.tracking_mlflow", "mlflow.entities"): "mlflow is optional (the `track` extra)",
+    ("labkit.experiment.tracking_wandb", "wandb"): "wandb is optional (the `track` extra): only a card with "
+                                                   "tracking.wandb needs it (and it takes seconds to import)",
 }
 
 

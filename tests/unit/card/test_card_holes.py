@@ -18,7 +18,7 @@ def _child(tmp_path: Path, body: str) -> Path:
     return card
 
 
-@pytest.mark.parametrize("name", ["registry.jsonl", "Registry.torn", "registry", "mlruns", "mlartifacts"])
+@pytest.mark.parametrize("name", ["registry.jsonl", "Registry.torn", "registry", "mlruns", "mlartifacts", "wandb"])
 def test_experiment_ids_cannot_take_the_runs_folders_own_names(tmp_path: Path, name: str) -> None:
     card = _child(tmp_path, f"experiment: {{id: {name}}}\n")
     with pytest.raises(CardError, match=rf"{card}:2: experiment.id: .*labkit uses in the runs folder"):
