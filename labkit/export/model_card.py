@@ -118,7 +118,8 @@ def _origin_lines(base: dict[str, Any], method: str) -> list[str]:
     if method == "full":
         return []
     return [f"- not on the Hub: `adapter_config.json` names labkit's source {md_code(base['source'])} (no folder of the "
-            "machine that exported); load the base with labkit as in the snippet below, or publish the base and point "
+            "machine that exported), which `AutoPeftModelForCausalLM` cannot fetch; load the base with labkit as in the "
+            "snippet below, or publish the base and point "
             "`base_model_name_or_path` and `revision` at it before sharing the adapter"]
 
 
