@@ -227,6 +227,7 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         raise ExportCheckFailed(f"export of {run.experiment}/{run.run_id}: reload check failed — {summary(report)}; "
                                 f"the export is kept in {out} for inspection (see reload_check.json)")
     published = check_publishable(out, weights, base, run.dir, card_dir)
+    io.write_json(out / "export.json", {**io.read_json(out / "export.json"), "publishable": published["ok"]})
     print(f"labkit: {publish_advice(published, out, weights)}", file=sys.stderr)
     R.record(run, "exported", export_dir=str(out), merged=merged, reload_check=summary(report), publishable=published["ok"])
     return {"export_dir": str(out), "run_id": run.run_id, "ok": True, "reload_check": report, "merged": merged, "method": method,
