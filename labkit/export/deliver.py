@@ -159,7 +159,8 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         device: device of the merge and the reload check (None: cpu unless the run used CUDA).
         memory_gib: memory available to the export (None: the device's free memory, read before it starts).
     Returns:
-        {"export_dir", "run_id", "ok", "reload_check", "merged", "method"}.
+        {"export_dir", "run_id", "ok", "reload_check", "merged", "method", "publishable" (`check_publishable`: "ok",
+        "why", "base", "revision", "paths")}; the publish line (labkit.export.publish.publish_advice) went to stderr.
     Raises:
         ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation), or the 16-bit
             merge and reload check would not fit in the device's free memory (one line with both numbers).
