@@ -23,6 +23,7 @@ from labkit.scoring.names import TWO_SIDED
 PER_EXAMPLE = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}
 # two-sided metrics with a known right value: the distance from it is what is judged (lower is better)
 TARGET_VALUE = {"mean_length_ratio": 1.0}
+RATIO_FLOOR = 1e-3  # a ratio of 0 (empty answers) is as far as 1000× too short: finite, farther than any real answer
 # per-category keys that are counts, not scores
 NOT_SCORES = ("support",)
 
@@ -45,13 +46,15 @@ def judged_change(metric: str, baseline: float, tuned: float) -> float | None:
         tuned: the tuned model's value.
     Returns:
         the improvement (negative: worse); for `mean_length_ratio` the shrinking of |log ratio| (closer to the
-        reference's length is better: 4.4 → 1.0 is positive); None for a metric without a direction or target.
+        reference's length is better: 4.4 → 1.0 is positive; empty answers, 0, are the farthest); None for a metric without a direction or target.
     """
     if metric in TARGET_VALUE:
         target = TARGET_VALUE[metric]
-        if baseline <= 0 or tuned <= 0:  # an empty answer has no log-distance; fall back to the plain distance
-            return abs(baseline - target) - abs(tuned - target)
-        return abs(math.log(baseline / target)) - abs(math.log(tuned / target))
+
+        def distance(value: float) -> float:  # |log(value / target)|; empty answers (0) as 1000× too short
+            return abs(math.log(max(value, RATIO_FLOOR * target) / target))
+
+        return distance(baseline) - distance(tuned)
     if metric in TWO_SIDED or metric in NOT_SCORES:
         return None
     return (tuned - baseline) if higher_is_better(metric) else (baseline - tuned)

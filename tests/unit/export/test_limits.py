@@ -18,7 +18,8 @@ def test_direction_follows_the_verdict() -> None:
     assert judged_change("mean_length_ratio", 4.4, 1.0) > 0  # too long → the reference's length: better
     assert judged_change("mean_length_ratio", 1.0, 4.4) < 0
     assert judged_change("mean_length_ratio", 0.5, 2.0) == pytest.approx(0.0)  # as far off either way
-    assert judged_change("mean_length_ratio", 0.0, 1.0) == pytest.approx(1.0)  # an empty answer: plain distance
+    assert judged_change("mean_length_ratio", 0.0, 3.2) > 0  # empty answers are farther off than 3.2× too long
+    assert judged_change("mean_length_ratio", 1.0, 0.0) < 0 and judged_change("mean_length_ratio", 0.0, 0.0) == 0
     assert judged_change("mean_answer_tokens", 40, 10) is None and judged_change("support", 3, 1) is None
 
 
