@@ -113,8 +113,8 @@ def _origin_lines(base: dict[str, Any], method: str) -> list[str]:
         return [f"- on the Hub: the same GGUF file, `{hub['gguf_file']}` of `{hub['hub_id']}` at revision `{hub['revision']}` "
                 f"(said by {md_text(hub['said_by'])}); converted from `{hub['converted_from']}` (quantised to GGUF, "
                 "dequantised by transformers for training)",
-                "- `adapter_config.json` names that repository and revision; its base loads with "
-                f"`gguf_file={hub['gguf_file']!r}` (`AutoPeftModelForCausalLM.from_pretrained(adapter, gguf_file=…)`)"]
+                "- `adapter_config.json` names that repository and revision; transformers loads the base from there with "
+                f"`gguf_file={hub['gguf_file']!r}` (the snippet's comment below)"]
     if method == "full":
         return []
     return [f"- not on the Hub: `adapter_config.json` names labkit's source {md_code(base['source'])} (no folder of the "
