@@ -1,8 +1,9 @@
 """`labkit export RUN_ID`: deliver a completed run's adapter (or model), tied to its exact base, and check it.
 
 Writes `<run>/export/` (or `--out DIR`):
-  adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path: the hub id + revision, or
-                 the local folder of the exact base weights, so AutoPeftModelForCausalLM loads it),
+  adapter/       adapter_model.safetensors, adapter_config.json (base_model_name_or_path: the hub id + revision of
+                 the base, or of the Hub file a GGUF is a copy of; else labkit's source string: never a local
+                 folder, labkit.export.publish),
                  labkit_base_model.json, the tokenizer (chat template, EOS/pad), generation_config.json
                  (the evaluation's greedy decoding and stop list: labkit.export.snippet); `model/` instead for
                  method full
@@ -16,7 +17,11 @@ Before any model is loaded, the export's memory (labkit.preflight.export_memory)
 device's free memory; an export that would not fit is refused with both numbers (ExportRefused).
 
 The export is built in a temporary folder and renamed into place, then checked; a failed check
-leaves it on disk, marked failed in reload_check.json, and raises ExportCheckFailed.
+leaves it on disk, marked failed in reload_check.json, and raises ExportCheckFailed. Nothing exported names a path
+of this machine: export.json's run and card folders serve the reload check and are removed after it, and every
+file is scanned (labkit.export.publish); the export ends with one line: the `hf upload` commands when
+adapter_config.json names a Hub id with a revision and no file names a machine path, else why it cannot be
+published as is.
 """
 
 from __future__ import annotations
@@ -35,8 +40,9 @@ from labkit.core import runs as R
 from labkit.core.run_card import resolved_card
 from labkit.errors import ExportCheckFailed, ExportRefused
 from labkit.export import model_card as modelcard
-from labkit.export.hub_card import describe_base, loadable_base
+from labkit.export.hub_card import describe_base
 from labkit.export.merge import ensure_fits, merge_to
+from labkit.export.publish import hub_base, machine_roots, portable_base_fields, publish_advice, publishability, scan_paths
 from labkit.export.reload_check import longest_prompt, run_device, summary
 from labkit.export.snippet import load_snippet, save_tokenizer_and_generation
 from labkit.model.loading import decisions
@@ -80,7 +86,8 @@ def exportable(run: R.Run) -> dict[str, Any]:
 
 def base_model_info(resolved: Any, card_hash: str, run_id: str, card_dir: Path | None = None) -> dict[str, Any]:
     """The base model an export is tied to: source, exact revision, sha256 of the local weight files, what is known
-    of it (hub id, name, license, language: labkit.export.hub_card.describe_base).
+    of it (hub id, name, license, language: labkit.export.hub_card.describe_base), its Hub origin
+    (labkit.export.publish.hub_base); no path of this machine.
 
     Args:
         resolved: the resolved model source (labkit.model.sources.ResolvedModel).
@@ -96,10 +103,10 @@ def base_model_info(resolved: Any, card_hash: str, run_id: str, card_dir: Path |
     if resolved.kind == "hf":
         info["hf_repo"] = parse_source(resolved.source)["repo"]
     else:
-        info["location"] = str(Path(resolved.location).resolve())  # the exact weights, loadable by transformers
         folder = Path(resolved.location)
         for path in sorted([*folder.glob("*.safetensors"), *folder.glob("*.bin")]):
             info["weights_sha256"][path.name] = sha256_file(path)
+    info["hub_origin"] = hub_base(info)
     return info
 
 
@@ -111,8 +118,7 @@ def _copy_weights(run: R.Run, dest: Path, base: dict[str, Any], method: str) -> 
             shutil.copy2(path, dest / path.name)
     if method != "full":
         config = io.read_json(dest / "adapter_config.json")
-        config["base_model_name_or_path"] = loadable_base(base)  # what AutoPeftModelForCausalLM loads
-        config["revision"] = base["revision"] if base.get("hf_repo") else None  # a folder has no hub revision
+        config.update(portable_base_fields(base))  # a Hub id at its revision, else labkit's source: no local folder
         (dest / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     io.write_json(dest / "labkit_base_model.json", base)
 
@@ -153,7 +159,8 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         device: device of the merge and the reload check (None: cpu unless the run used CUDA).
         memory_gib: memory available to the export (None: the device's free memory, read before it starts).
     Returns:
-        {"export_dir", "run_id", "ok", "reload_check", "merged", "method"}.
+        {"export_dir", "run_id", "ok", "reload_check", "merged", "method", "publishable" (`check_publishable`: "ok",
+        "why", "base", "revision", "paths")}; the publish line (labkit.export.publish.publish_advice) went to stderr.
     Raises:
         ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation), or the 16-bit
             merge and reload check would not fit in the device's free memory (one line with both numbers).
@@ -207,17 +214,59 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
     tmp.rename(out)
 
     report = run_reload_check(out, run.dir, sample, device)
+    report = _portable_after_check(out, report)
     if report.get("merged_scores"):
         io.write_json(out / "merged_vs_adapter.json", report["merged_scores"])
     info = {"run_id": run.run_id, "experiment": run.experiment, "card": card, "card_yaml": run.card_path.read_text(encoding="utf-8"),
             "base": base, "manifest": io.read_json(run.dir / "data_manifest.json"), "env": modelcard.environment(run.dir),
             "results": results, "limits": limits, "reload": report, "reload_summary": summary(report),
-            "weights_dir": weights, "merged": merged, "method": method, "load_snippet": load_snippet(out, weights, base, card, made.weight_dtype, generation.eos_token_id,
-                                                             made.compute_dtype)}
+            "weights_dir": weights, "merged": merged, "method": method,
+            "load_snippet": load_snippet(weights, base, card, made.weight_dtype, generation.eos_token_id, made.compute_dtype)}
     io.write_atomic(out / "README.md", modelcard.render(info))
     if not report.get("ok"):
         R.record(run, "export_failed", export_dir=str(out), why=summary(report))
         raise ExportCheckFailed(f"export of {run.experiment}/{run.run_id}: reload check failed — {summary(report)}; "
                                 f"the export is kept in {out} for inspection (see reload_check.json)")
-    R.record(run, "exported", export_dir=str(out), merged=merged, reload_check=summary(report))
-    return {"export_dir": str(out), "run_id": run.run_id, "ok": True, "reload_check": report, "merged": merged, "method": method}
+    published = check_publishable(out, weights, base, run.dir, card_dir)
+    io.write_json(out / "export.json", {**io.read_json(out / "export.json"), "publishable": published["ok"]})
+    print(f"labkit: {publish_advice(published, out, weights)}", file=sys.stderr)
+    R.record(run, "exported", export_dir=str(out), merged=merged, reload_check=summary(report), publishable=published["ok"])
+    return {"export_dir": str(out), "run_id": run.run_id, "ok": True, "reload_check": report, "merged": merged, "method": method,
+            "publishable": published}
+
+
+def _portable_after_check(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Remove the folders of this machine the reload check needed: export.json's run and card folders, the check
+    report's export folder (the export itself: ".").
+
+    Args:
+        out: the export folder.
+        report: reload_check.json's content.
+    Returns:
+        the report as rewritten.
+    """
+    manifest = io.read_json(out / "export.json")
+    manifest.pop("run_dir", None)
+    manifest["base_model"].pop("card_dir", None)
+    io.write_json(out / "export.json", manifest)
+    if "export_dir" in report:
+        report = {**report, "export_dir": "."}
+        io.write_json(out / "reload_check.json", report)
+    return report
+
+
+def check_publishable(out: Path, weights: str, base: dict[str, Any], run_dir: Path, card_dir: Path) -> dict[str, Any]:
+    """Scan every exported file for this machine's paths and judge whether the export can be published as is.
+
+    Args:
+        out: the export folder.
+        weights: "adapter" or "model".
+        base: labkit_base_model.json's content.
+        run_dir: the run folder (its runs folder is one of the paths looked for).
+        card_dir: the card's folder.
+    Returns:
+        `labkit.export.publish.publishability`.
+    """
+    roots = machine_roots(run_dir.parent.parent, card_dir, out)
+    config = out / weights / "adapter_config.json"
+    return publishability(io.read_json(config) if config.exists() else None, base, scan_paths(out, roots))

