@@ -29,7 +29,7 @@ from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
 from labkit.core.kernel import log_libraries_to, plain_bars
 from labkit.core.listing import LATEST, latest_completed, openable_text, stages_done
-from labkit.core.protocol import pin_card
+from labkit.core.protocol import pin_card, read_pins
 from labkit.core.run_card import complete, resolved_card
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
@@ -70,7 +70,8 @@ class Stage:
         self.interactive = interactive
         self.device = pick_device()
         self._start = time.monotonic()
-        self.pins = pin_card(loaded.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
+        record_in = None if review is not None and read_pins(run.dir) is None else run.dir  # a review records nothing
+        self.pins = pin_card(loaded.card, run.root, run.experiment, record_in)  # hub commits: recorded once (pins.json)
         self._card: Card | None = None
 
     @property
