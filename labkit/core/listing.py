@@ -99,11 +99,12 @@ def rows(root: Path, experiment: str | None = None) -> list[dict[str, Any]]:
         gone = kernel_gone(folder, status) if row.get("status") == "running" else None
         summary = row.get("summary") or {}
         metric = next((k for k in summary if k not in ("confirmed", "decision")), None)
-        values = summary.get(metric) or {} if metric else {}
+        values = (summary.get(metric) or {}) if metric else {}
         shown = {**row, "abandoned": gone}
         out.append({
             "run": f"{row['experiment']}/{row['run_id']}",
-            "replicate": f"{row['replicate']}/{row.get('replicates')} seed {row.get('seed')}" if row.get("replicate") else "",
+            "replicate": f"{row['replicate']}/{row.get('replicates')} seed {row.get('seed')}"
+            if row.get("replicate") else "",
             "status": R.status_label(shown), "stage": row.get("stage", ""), "updated": row.get("updated", ""),
             "result": result_text(summary) if summary else (f"abandoned: {gone}" if gone else row.get("error") or ""),
             "experiment": row.get("experiment"), "run_id": row["run_id"], "variant": row.get("variant"),

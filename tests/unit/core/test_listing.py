@@ -72,7 +72,8 @@ def test_runs_json_is_one_document_with_the_tables_columns(loaded, tmp_path: Pat
     assert set(listing.COLUMNS) <= set(rows[0])
     first, second = rows
     assert first["status"] == "completed" and first["result"] == "field_accuracy 0.250→0.830 confirmed"
-    assert (first["metric"], first["baseline"], first["tuned"], first["confirmed"]) == ("field_accuracy", 0.25, 0.83, True)
+    assert (first["metric"], first["baseline"], first["tuned"]) == ("field_accuracy", 0.25, 0.83)
+    assert first["confirmed"] is True and first["decision"] == "confirmed"
     assert first["stages_done"] == list(R.STAGES) and first["mode"] == "batch" and first["dir"] == str(done.dir)
     assert second["status"] == "failed" and second["error"] == "boom" and second["stage"] == "training"
     assert main(["--runs", str(tmp_path), "runs", "other-experiment", "--json"]) == 0
