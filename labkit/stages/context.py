@@ -158,8 +158,10 @@ class Stage:
         if self.review is not None and stage == self.name and (self.out / name).exists():
             path = self.out / name
         if not path.exists():
-            raise MissingInput(openable_text(self.loaded, self.run.root, self.name, f"{path} is missing: run the "
-                                             f"{stage} stage of run {self.run.run_id} first, or open another run"))
+            why = f"{path} is missing: run the {stage} stage of run {self.run.run_id} first"
+            if os.environ.get("LABKIT_BATCH") == "1":  # under `labkit run` the run is given: no run_dir to choose
+                raise MissingInput(why)
+            raise MissingInput(openable_text(self.loaded, self.run.root, self.name, f"{why}, or open another run"))
         if name.endswith(".jsonl"):
             return io.read_jsonl(path)
         return io.read_json(path)
