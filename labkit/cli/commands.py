@@ -7,6 +7,7 @@ line; a command never prints a traceback for them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 
 from labkit.card.load import dump_yaml, load_card
 from labkit.card.shipped import init_folder, shipped
-from labkit.core import io
+from labkit.core import io, listing
 from labkit.core import runs as R
 from labkit.core.registry import lost_events_note
 from labkit.errors import LabkitError, MissingInput, UsageError
@@ -170,15 +171,6 @@ def cmd_invalidate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _result(summary: dict[str, Any]) -> str:
-    metric = next((k for k in summary if k not in ("confirmed", "decision")), None)
-    values = summary[metric] if metric else {}
-    result = (f"{metric} {values['baseline']:.3f}→{values['tuned']:.3f} " if metric and None not in
-              (values.get("baseline"), values.get("tuned")) else "")
-    # the verdict's decision word (inconclusive, not judged); runs recorded before it had only confirmed or not
-    return result + (summary.get("decision") or ("confirmed" if summary.get("confirmed") else "not confirmed"))
-
-
 def cmd_runs(args: argparse.Namespace) -> int:
     """`labkit runs [EXPERIMENT]`: the registry as a table (every run, failed and interrupted too)."""
     root = _root(args)
@@ -188,17 +180,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
         return 0 if follow(resolve_run(args.follow, root)) == "completed" else 1
     for run_id in R.mark_dead_runs(root):
         print(f"labkit: {run_id} was recorded as running but its process is gone: marked interrupted", file=sys.stderr)
-    rows = R.summarise(R.read_registry(root))
-    if args.experiment:
-        rows = [r for r in rows if r["experiment"] == args.experiment]
+    rows = listing.rows(root, args.experiment)  # interactive runs whose kernel is gone: abandoned (kernel gone)
+    if getattr(args, "json", False):  # one JSON document: the table's columns and machine-friendly ones
+        print(json.dumps(rows, ensure_ascii=False, indent=1))
+        return 0
     if not rows:
         print(f"no runs in {root}")
         return 0
-    header = ("run", "replicate", "status", "stage", "updated", "result / error")
-    table = [(f"{r['experiment']}/{r['run_id']}",  # experiment.replicates: index/count and the seed
-              f"{r['replicate']}/{r.get('replicates')} seed {r.get('seed')}" if r.get("replicate") else "",
-              R.status_label(r), r.get("stage", ""), r.get("updated", ""),
-              _result(r["summary"]) if r.get("summary") else (r.get("error") or "")[:70]) for r in rows]
+    header = tuple(listing.COLUMNS.values())
+    table = [tuple(str(r[k] or "")[:70] if k == "result" else r[k] for k in listing.COLUMNS) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     for line in [header, tuple("-" * w for w in widths), *table]:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip())

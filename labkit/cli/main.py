@@ -127,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("experiment", nargs="?")
     runs.add_argument("--follow", metavar="RUN", help="print a running run's progress until it ends (`latest`, a run id, a unique prefix of one, or the folder; "
                       "exit 0 when it completed, 1 when it failed or was interrupted)")
+    runs.add_argument("--json", action="store_true", help="print the runs as one JSON document (a list: the table's "
+                      "columns and machine-friendly ones: state, stages_done, metric, baseline, tuned, decision, dir…)")
     runs.set_defaults(func=commands.cmd_runs)
     invalidate = sub.add_parser("invalidate", help="mark a run invalid, with the reason (it stays in the registry)")
     invalidate.add_argument("run", help="run id (or run folder)")

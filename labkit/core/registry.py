@@ -150,8 +150,12 @@ def read_registry(root: Path, strict: bool = False) -> list[dict[str, Any]]:
 
 
 def status_label(row: dict[str, Any]) -> str:
-    """The status as shown: `completed (budget)` for a run that training stopped on budget.max_minutes."""
+    """The status as shown: `completed (budget)` for a run that training stopped on budget.max_minutes;
+    `abandoned (kernel gone)` for an interactive run recorded running whose kernel is gone (`row["abandoned"]`, set by
+    `labkit.core.listing`)."""
     status = str(row.get("status", "?"))
+    if status == "running" and row.get("abandoned"):
+        return "abandoned (kernel gone)"
     return f"{status} (budget)" if status == "completed" and row.get("stopped_by") == "budget" else status
 
 

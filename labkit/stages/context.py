@@ -1,12 +1,16 @@
 """The notebooks' entry point: open a stage of a run, give it the card, data, model and a place to write.
 
 `open_stage("baseline", card, run_dir)` works the same under papermill (run_dir given by `labkit run`)
-and interactively (run_dir "" → the newest unfinished interactive run of this card, or a new one).
+and interactively: run_dir "" → the newest unfinished interactive run of this card, or a new one — except stage 05
+(`REQUIRES`), which opens the card's newest completed run for review when the interactive run has no trained adapter;
+run_dir "latest" → the card's newest completed run with this stage done, opened for review (`Stage.review`: read-only,
+the notebook's files go to a scratch folder, the run is not changed: a completed run is a record).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 import warnings
 from functools import cached_property
@@ -24,7 +28,8 @@ from labkit.core import runs as R
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
 from labkit.core.kernel import log_libraries_to, plain_bars
-from labkit.core.protocol import pin_card
+from labkit.core.listing import LATEST, latest_completed, openable_text, stages_done
+from labkit.core.protocol import pin_card, read_pins
 from labkit.core.run_card import complete, resolved_card
 from labkit.data.prepare import load_split, prepare
 from labkit.errors import MissingInput, UsageError
@@ -34,6 +39,10 @@ from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
 from labkit.preflight.measure import release_promptly
+
+# with run_dir "", a stage continues the card's interactive run only when that run has done these stages; else it opens
+# the card's newest completed run for review (stage 05 without a trained adapter), or names the runs it could open
+REQUIRES = {"comparison": ("training",)}
 
 
 class Stage:
@@ -46,17 +55,23 @@ class Stage:
         run: the run folder.
         out: this stage's data folder.
         device: cuda, mps or cpu.
+        review: None, or the scratch folder of a completed run opened for review: what the notebook writes goes
+            there (`out` is its stage folder), `read` reads the run's archived files, `done` records nothing.
     """
 
-    def __init__(self, name: str, loaded: LoadedCard, run: R.Run, interactive: bool) -> None:
+    def __init__(self, name: str, loaded: LoadedCard, run: R.Run, interactive: bool,
+                 review: Path | None = None) -> None:
         self.name = name
         self.loaded = loaded
         self.run = run
-        self.out = run.stage_dir(name)
+        self.review = review
+        self.out = run.stage_dir(name) if review is None else review / name
+        self.out.mkdir(parents=True, exist_ok=True)
         self.interactive = interactive
         self.device = pick_device()
         self._start = time.monotonic()
-        self.pins = pin_card(loaded.card, run.root, run.experiment, run.dir)  # hub commits: recorded once (pins.json)
+        record_in = None if review is not None and read_pins(run.dir) is None else run.dir  # a review records nothing
+        self.pins = pin_card(loaded.card, run.root, run.experiment, record_in)  # hub commits: recorded once (pins.json)
         self._card: Card | None = None
 
     @property
@@ -69,7 +84,8 @@ class Stage:
         return self._card
 
     def __repr__(self) -> str:
-        return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r})"
+        review = f", review={str(self.review)!r}" if self.review else ""
+        return f"Stage({self.name!r}, run={str(self.run.dir)!r}, device={self.device!r}{review})"
 
     # ------------------------------------------------------------------ model and data
     @cached_property
@@ -77,7 +93,7 @@ class Stage:
         """The resolved base model (fetched and converted once, then cached)."""
         resolved = resolve(self.card.model.source, self.card.model.revision, base=self.loaded.path.parent)
         path = self.run.dir / "model_source.json"
-        if not path.exists():
+        if not path.exists() and self.review is None:
             io.write_json(path, {"source": resolved.source, "kind": resolved.kind, "location": resolved.location,
                                 "revision": resolved.revision, "details": resolved.details})
         return resolved
@@ -135,10 +151,17 @@ class Stage:
         return self.path(name)
 
     def read(self, stage: str, name: str) -> Any:
-        """Read a data file another stage wrote (JSON or JSONL), with a clear error when it is missing."""
+        """Read a data file a stage of this run wrote (JSON or JSONL), with a clear error when it is missing: the runs
+        of this card the notebook could open instead, and how to set run_dir. Under review, this stage's own files
+        are read from the scratch folder once the notebook has written them there."""
         path = self.run.dir / stage / name
+        if self.review is not None and stage == self.name and (self.out / name).exists():
+            path = self.out / name
         if not path.exists():
-            raise MissingInput(f"{path} is missing: run the {stage} stage of this run first")
+            why = f"{path} is missing: run the {stage} stage of run {self.run.run_id} first"
+            if os.environ.get("LABKIT_BATCH") == "1":  # under `labkit run` the run is given: no run_dir to choose
+                raise MissingInput(why)
+            raise MissingInput(openable_text(self.loaded, self.run.root, self.name, f"{why}, or open another run"))
         if name.endswith(".jsonl"):
             return io.read_jsonl(path)
         return io.read_json(path)
@@ -151,6 +174,8 @@ class Stage:
         """
         summary = {"stage": self.name, "seconds": round(time.monotonic() - self._start, 1), **summary}
         self.save_json("summary.json", summary)
+        if self.review is not None:  # a completed run is a record: nothing is recorded for a review
+            return summary
         extra = {k: summary[k] for k in ("data_version",) if k in summary}  # the run records its data version
         R.record(self.run, "stage_done", stage=self.name, seconds=summary["seconds"], **extra)
         if self.interactive and self.name == R.STAGES[-1]:
@@ -184,15 +209,37 @@ def capture_library_logs(run_dir: Path, stage: str) -> Path:
     return path
 
 
+def _default_run(name: str, loaded: LoadedCard, root: Path) -> tuple[R.Run | None, bool]:
+    """run_dir "": the card's unfinished interactive run (None: start one) and False; or, for a stage whose
+    `REQUIRES` that run has not done, the card's newest completed run and True (review)."""
+    run = R.find_interactive_run(loaded, root)
+    needs = REQUIRES.get(name, ())
+    if not needs or (run is not None and set(needs) <= set(stages_done(run.status()))):
+        return run, False
+    latest = latest_completed(loaded, root, name)
+    if latest is None:
+        where = f"interactive run {run.run_id} has not done" if run else "no interactive run of this card has done"
+        raise MissingInput(openable_text(loaded, root, name, f"stage {name} needs stage {', '.join(needs)} done: "
+                                         f"{where} it, and no completed run of this card has stage {name} done"))
+    print(f"labkit · run_dir \"\": {'interactive run ' + run.run_id if run else 'no interactive run'} has no "
+          f"stage {', '.join(needs)} done: opening the card's newest completed run {latest.run_id} for review")
+    return latest, True
+
+
 def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     """Open a stage for a notebook.
 
     Args:
         name: the stage.
         card: path of the card (the run's archived card.yaml under `labkit run`).
-        run_dir: the run folder; "" when the notebook is run by hand.
+        run_dir: the run folder (`labkit run` passes it); "" when the notebook is run by hand: the card's unfinished
+            interactive run, or a new one (stage 05 without a trained adapter there: the card's newest completed run,
+            for review); "latest": the card's newest completed run with this stage done, opened for review. A
+            completed run's folder given by hand also opens for review when this stage is done in it.
     Returns:
-        the Stage.
+        the Stage (`Stage.review` set when a completed run is opened for review: nothing in it is changed).
+    Raises:
+        MissingInput: no run to open, with the runs of this card the notebook could open and how to set run_dir.
     """
     if name not in R.STAGES:
         raise UsageError(f"unknown stage {name!r} (expected one of {', '.join(R.STAGES)})")
@@ -200,19 +247,34 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     if name == "parameter_check":
         release_promptly()  # before any model is loaded, so the memory measurements read live tensors
     loaded = load_card(card)
-    interactive = not run_dir
-    if run_dir:
+    interactive, review = not run_dir or run_dir == LATEST, False
+    root = R.runs_root(loaded.path.parent)
+    if run_dir == LATEST:
+        run = latest_completed(loaded, root, name)
+        if run is None:
+            raise MissingInput(openable_text(loaded, root, name, f"run_dir \"{LATEST}\": no completed run of this "
+                                             f"card (hash {loaded.hash}) has stage {name} done"))
+        review = True
+    elif run_dir:
         run = R.Run(Path(run_dir).resolve())
         if not run.status_path.exists():
-            raise MissingInput(f"{run_dir} is not a run folder (no status.json); leave run_dir empty to start one")
+            raise MissingInput(f"{run_dir} is not a run folder (no status.json); leave run_dir empty to start one, or "
+                               f"set it to \"{LATEST}\" for this card's newest completed run")
         R.check_archived_card(run, loaded)  # the card every stage of the run is run under
-        R.check_stage_may_run(run, name, rerun_done=run.status().get("mode") == "interactive")
+        status = run.status()
+        # by hand, a completed run's done stage opens for review; `labkit run`/`stage` never re-execute it (refused)
+        review = (os.environ.get("LABKIT_BATCH") != "1" and status.get("status") == "completed"
+                  and name in stages_done(status))
+        if not review:
+            R.check_stage_may_run(run, name, rerun_done=status.get("mode") == "interactive")
     else:
-        root = R.runs_root(loaded.path.parent)
-        run = R.find_interactive_run(loaded, root)
-        if run is None:  # the checks `labkit run` makes, before anything is created
+        found, review = _default_run(name, loaded, root)
+        if found is None:  # the checks `labkit run` makes, before anything is created
             check_card(loaded, root)
-            run = R.new_run(loaded, root, mode="interactive")
+            found = R.new_run(loaded, root, mode="interactive")
+        run = found
+    if review:
+        return _review(name, loaded, run)
     if not (run.dir / "env.json").exists():
         io.write_json(run.dir / "env.json", capture())
     R.record(run, "stage_started", stage=name, pid=os.getpid())
@@ -221,4 +283,16 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     stage = Stage(name, loaded, run, interactive)
     print(f"labkit · {loaded.card.experiment.id}/{run.run_id} · stage {name} · device {stage.device}")
     capture_library_logs(run.dir, name)
+    return stage
+
+
+def _review(name: str, loaded: LoadedCard, run: R.Run) -> Stage:
+    """A completed run opened read-only: nothing recorded, no heartbeat; the notebook's files go to a scratch folder."""
+    R.check_archived_card(run, loaded)
+    scratch = Path(tempfile.mkdtemp(prefix=f"labkit-review-{run.run_id}-"))
+    stage = Stage(name, loaded, run, interactive=True, review=scratch)
+    status = run.status()
+    print(f"labkit · {loaded.card.experiment.id}/{run.run_id} ({R.status_label(status)}) · stage {name} · device "
+          f"{stage.device} · review: the run is a record and is not changed; what these cells write goes to {scratch}")
+    capture_library_logs(scratch, name)
     return stage

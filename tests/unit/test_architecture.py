@@ -3,6 +3,7 @@ notebooks import only stages, show and the layers below (each exception named wi
 
 The layers, bottom to top (docs/architecture.md explains each):
 errors < scoring < card < core < data < model < evaluate < train < preflight < show < stages < experiment < export < cli
+< api
 
 The graph is read from the package itself (a wrong PACKAGE path is an error, not an empty graph that passes), follows
 relative imports and imports inside functions, and must hold known edges.
@@ -21,7 +22,7 @@ from conftest import top_level_names
 PACKAGE = Path(__file__).resolve().parents[2] / "labkit"
 NOTEBOOKS = PACKAGE.parent / "notebooks"
 LAYERS = ("errors", "scoring", "card", "core", "data", "model", "evaluate", "train", "preflight", "show", "stages",
-          "experiment", "export", "cli")
+          "experiment", "export", "cli", "api")
 MAX_LINES = 350
 # edges that exist as long as the layout is the one docs/architecture.md describes: an import graph without them was
 # not read from this package
