@@ -24,7 +24,7 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
 from labkit.core.run_card import recorded_length
-from labkit.evaluate.human import RATINGS, human_verdict
+from labkit.evaluate.ab_session import human_verdicts
 from labkit.experiment.compare import compare_experiment
 from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
 from labkit.scoring.stopping import stopping_line
@@ -153,10 +153,10 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         return "\n".join(parts)
     parts.append(f"<p><b>Hypothesis:</b> {html.escape(row['hypothesis'])}</p><p><b>{html.escape(row['verdict'])}</b></p>")
     parts.append(f"<p>{html.escape(_stopping(Path(row['dir'])))}</p>")
-    people = human_verdict(Path(row["dir"]) / "comparison" / RATINGS)  # blind A/B ratings, when a person gave some
-    if people:
+    for people in human_verdicts(Path(row["dir"])):  # blind A/B ratings (base vs tuned, vs other runs), if any
         kappa = "" if people["kappa"] is None else f", Cohen's κ {people['kappa']:.2f}"
-        parts.append(f"<p><b>Human verdict</b> (blind A/B, order seed {people['seed']}): "
+        pair = " vs ".join(f"{n} ({people['sources'][n]['run']})" if n in people["sources"] else n for n in people["sides"])
+        parts.append(f"<p><b>Human verdict</b> (blind A/B, {html.escape(pair)}, order seed {people['seed']}): "
                      f"{html.escape(people['verdict'])}{kappa}.</p>")
     changed = row.get("changed") or {}
     items = "".join(f"<li><code>{html.escape(fmt_change(k, v))}</code></li>" for k, v in changed.items())
