@@ -97,6 +97,28 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# the report's runs table shows the decision; the rest of a run's row goes to two more tables (cost and speed; the
+# reference, card changes and reasons) so that each fits a page
+DECISION_COLUMNS = ("run", "status", "seed", "primary", "gain vs reference [95% CI]", "guardrails", "wins/losses/ties",
+                    "verdict", "flags")
+COST_COLUMNS = ("run", "training time", "steps", "tokens seen", "tokens/s · MFU", "peak memory", "cost")
+
+
+def column_groups(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """`summary_rows` cut into three tables, each row keyed by its run: the decision (DECISION_COLUMNS), cost and
+    speed (COST_COLUMNS), and every other column (against, changed vs parent, reason, any column added later).
+
+    Returns:
+        (decision rows, cost rows, other rows); a table whose rows hold only the run is empty.
+    """
+    def pick(row: dict[str, Any], keep: Any) -> dict[str, Any]:
+        return {k: v for k, v in row.items() if keep(k)}
+    known = set(DECISION_COLUMNS) | set(COST_COLUMNS)
+    tables = ([pick(r, lambda k: k in DECISION_COLUMNS) for r in rows], [pick(r, lambda k: k in COST_COLUMNS) for r in rows],
+              [pick(r, lambda k: k == "run" or k not in known) for r in rows])
+    return tuple(t if any(len(r) > 1 for r in t) else [] for t in tables)
+
+
 def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
     """Paired intervals between every two comparable completed runs evaluated on the same examples; a variant with
     several seeds (`experiment.replicates`) is compared as a variant, across its seeds
