@@ -109,3 +109,16 @@ def test_the_report_folder_carries_no_machine_path_and_fits_a_page(tmp_path: Pat
     assert 6 <= head.count("<th>") <= len(DECISION_COLUMNS)  # the decision table: a page wide
     assert all(f"<th>{c}</th>" in runs_table for c in COST_COLUMNS[1:]) and "<details>" in runs_table
     assert "anywhere" not in STYLE and "break-all" not in STYLE
+
+
+def test_shareable_rewrites_paths_only(tmp_path: Path, monkeypatch) -> None:
+    from labkit.experiment.shareable import machine_prefixes, shareable
+
+    monkeypatch.chdir(tmp_path)  # the working folder is the project's here
+    root = tmp_path / "runs"
+    prefixes = machine_prefixes(root)
+    text = (f"run_dir = '{root}/exp/r1'; {root.parent} · {sys.prefix}/lib/x.py:3 · {Path.home()}/.cache/y · "
+            "/home/ana/data/t.jsonl · https://x.org/tmp/a/b · tokens/s · </td></tr> · data:image/png;base64,/9j/tmp/a+/home/b")
+    assert shareable(text, prefixes) == (
+        "run_dir = 'runs/exp/r1'; . · $PYTHON/lib/x.py:3 · ~/.cache/y · …/t.jsonl · https://x.org/tmp/a/b · tokens/s · "
+        "</td></tr> · data:image/png;base64,/9j/tmp/a+/home/b")
