@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 from labkit.evaluate.verdict import paired
@@ -23,8 +24,8 @@ def fmt_interval(leaf: dict[str, Any] | None, signed: bool = False) -> str:
 
 
 def fmt_change(key: str, change: dict[str, Any], width: int | None = None) -> str:
-    """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative),
-    each value cut at `width` characters when given."""
+    """One changed card key as `key: old → new` (paths resolved: the report shows them relative to the project,
+    `labkit.experiment.shareable`), each value cut at `width` characters when given."""
     def clean(value: Any) -> Any:  # unset keys (None) of a list of sections are noise in a one-line diff
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items() if v is not None}
@@ -36,6 +37,28 @@ def fmt_change(key: str, change: dict[str, Any], width: int | None = None) -> st
         text = "—" if value is None else str(clean(value))
         return text if width is None or len(text) <= width else text[: width - 1] + "…"
     return f"{key}: {show(change.get('old'))} → {show(change.get('new'))}"
+
+
+PATH_KEYS = ("data.source.path", "data.source.files", "model.source")
+
+
+def spelling_only(key: str, change: dict[str, Any], parent: str | None) -> bool:
+    """True for an archived diff's path "change" that names the same file: the parent card's relative path against
+    the child's resolved one (runs archived before card diffs compared resolved sources).
+
+    Args:
+        key: the changed key.
+        change: {"old", "new"}.
+        parent: the parent card's file (card.diff.yaml's "parent").
+    """
+    old, new = change.get("old"), change.get("new")
+    if key not in PATH_KEYS or not parent:
+        return False
+    if isinstance(old, dict) and isinstance(new, dict):
+        return old.keys() == new.keys() and all(spelling_only(key, {"old": old[k], "new": new[k]}, parent) for k in old)
+    if not isinstance(old, str) or not isinstance(new, str) or Path(old).is_absolute() or ":" in old.split("/")[0]:
+        return False
+    return str((Path(parent).parent / old).resolve()) == new
 
 
 def _metric_cell(row: dict[str, Any], name: str) -> str:

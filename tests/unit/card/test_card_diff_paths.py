@@ -31,3 +31,21 @@ def test_the_diff_compares_resolved_paths(tmp_path: Path) -> None:
     child.write_text("parent: ../shared/base.yaml\ndata: {source: {path: tickets.jsonl}}\n")  # another file
     assert load_card(child).diff == {"data.source.path": {"parent": str(parent_dir / "tickets.jsonl"),
                                                           "card": str(child_dir / "tickets.jsonl")}}
+
+
+def test_a_run_archived_with_a_spelling_change_shows_none(tmp_path: Path) -> None:
+    """card.diff.yaml of a run made before the fix: the parent's relative path against the child's resolved one."""
+    from labkit.experiment.compare import _changed_against_parent
+
+    (tmp_path / "shared").mkdir()
+    data = tmp_path / "shared" / "tickets.jsonl"
+    other = tmp_path / "variants" / "tickets.jsonl"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "card.diff.yaml").write_text(yaml.safe_dump({"parent": str(tmp_path / "shared" / "base.yaml"), "changed": {
+        "data.source.path": {"parent": "tickets.jsonl", "card": str(data)},
+        "data.source.files": {"parent": {"train": "tickets.jsonl"}, "card": {"train": str(other)}},
+        "method.r": {"parent": 16, "card": 8}}}))
+    changed = _changed_against_parent(run)["changed"]
+    assert changed == {"data.source.files": {"old": {"train": "tickets.jsonl"}, "new": {"train": str(other)}},
+                       "method.r": {"old": 16, "new": 8}}  # another file is still a change
