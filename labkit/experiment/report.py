@@ -28,8 +28,8 @@ from labkit.core.io import read_jsonl
 from labkit.core.run_card import recorded_length
 from labkit.evaluate.ab_session import human_verdicts
 from labkit.experiment.compare import compare_experiment
-from labkit.experiment.shareable import machine_prefixes, shareable
 from labkit.experiment.runs_table import column_groups, fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
+from labkit.experiment.shareable import machine_prefixes, shareable
 from labkit.scoring.stopping import stopping_line
 from labkit.show import plots
 from labkit.show.plots import CATEGORY_TITLES
