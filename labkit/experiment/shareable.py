@@ -55,10 +55,10 @@ def shareable(text: str, prefixes: list[tuple[str, str]]) -> str:
     return LEFT.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
 
 
-# a path under a top-level folder of a machine that no prefix named (another user's home, a data disk, Colab's
-# /content): shown as its last part
-LEFT = re.compile(r"(?<![\w.~$/:,=+-])/(?:home|Users|root|tmp|var|private|mnt|media|srv|data|opt|work|scratch|content|"
-                  r"kaggle|workspace|usr|etc)(?:/[\w.@+-]+)+/?")
+# a path under a top-level folder of a machine that no prefix named (another user's home, a data disk): shown as its
+# last part (not Colab's /content nor Kaggle's /kaggle: the set-up cell of every notebook names them as they are)
+LEFT = re.compile(r"(?<![\w.~$/:,=+-])/(?:home|Users|root|tmp|var|private|mnt|media|srv|data|opt|work|scratch|"
+                  r"workspace|usr|etc)(?:/[\w.@+-]+)+/?(?![\w*])")
 
 
 def _known(text: str, prefixes: list[tuple[str, str]]) -> str:
