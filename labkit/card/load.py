@@ -262,13 +262,12 @@ def load_card(path: str | Path) -> LoadedCard:
         raise CardError(_format_error(exc, chain)) from None
     card = _check_paths(card, path, chain)
     parent_resolved: dict[str, Any] = {}
-    if len(chain) > 1:
-        for _, _, data in reversed(chain[1:]):
-            parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
+    for _, _, data in reversed(chain[1:]):  # none without a parent
+        parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
     full = card.model_dump(mode="json")
     if card.data.split.from_source is not None and isinstance(card.data.source, HubSource):
         del full["data"]["source"]["split"]  # unused (the mapping names the splits): an archived copy must reload
-    diff = card_diff(_normalise(parent_resolved), _normalise(full)) if len(chain) > 1 else {}
+    diff = card_diff(_normalise(_paths_resolved(parent_resolved, chain[1:])), _normalise(full)) if len(chain) > 1 else {}
     loaded = LoadedCard(card=card, path=path, chain=[p for p, _, _ in chain], resolved=full, diff=diff)
     check_consistency(card, loaded.where)  # settings that would silently do nothing (labkit.card.consistency)
     return loaded
@@ -280,6 +279,23 @@ def _normalise(data: dict[str, Any]) -> dict[str, Any]:
         return Card.model_validate(data).model_dump(mode="json")
     except ValidationError:
         return data
+
+
+def _paths_resolved(data: dict[str, Any], chain: list[tuple[Path, yaml.Node | None, dict[str, Any]]]) -> dict[str, Any]:
+    """A parent's data with its paths resolved as `_check_paths` resolves the child's: a diff compares files, not spellings."""
+    def resolve(ref: Any, loc: tuple[str, ...]) -> Any:
+        if not isinstance(ref, str) or (loc == ("model", "source") and _SCHEME.match(ref)):
+            return ref
+        return str(_resolve_relative(ref, next((p for p, n, _ in chain if _line_of(n, loc, exact=True)), chain[0][0])))
+    out = copy.deepcopy(data)
+    source = (out.get("data") or {}).get("source") or {}
+    if "path" in source:
+        source["path"] = resolve(source["path"], ("data", "source", "path"))
+    if isinstance(source.get("files"), dict):
+        source["files"] = {k: resolve(v, ("data", "source", "files", k)) for k, v in source["files"].items()}
+    if isinstance(out.get("model"), dict) and "source" in out["model"]:
+        out["model"]["source"] = resolve(out["model"]["source"], ("model", "source"))
+    return out
 
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # pypi:, hf:, tiny:… (2+ letters: not a Windows drive)

@@ -32,7 +32,7 @@ from labkit.errors import MissingInput
 from labkit.evaluate.verdict import paired, verdict
 from labkit.experiment.openings import openings
 from labkit.experiment.replicates import card_key, seed_groups, variant_summaries
-from labkit.experiment.runs_table import fmt_interval, pairwise, seed_rows, summary_rows
+from labkit.experiment.runs_table import fmt_interval, pairwise, seed_rows, spelling_only, summary_rows
 from labkit.scoring.bootstrap import concentration_for, paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
 from labkit.stages.records import baseline_named, strongest_baseline
@@ -42,12 +42,13 @@ __all__ = ["compare_experiment", "fmt_interval", "seed_rows", "summary_rows"]
 
 
 def _changed_against_parent(run_dir: Path) -> dict[str, Any]:
-    """What the card changed against its parent, as {key: {"old", "new"}} (paths as the cards wrote them)."""
+    """What the card changed against its parent, as {key: {"old", "new"}} (paths resolved, `spelling_only`)."""
     path = run_dir / "card.diff.yaml"
     if not path.exists():
         return {}
     diff = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     changed = {k: {"old": (v or {}).get("parent"), "new": (v or {}).get("card")} for k, v in (diff.get("changed") or {}).items()}
+    changed = {k: v for k, v in changed.items() if not spelling_only(k, v, diff.get("parent"))}  # older runs' diffs
     return {"parent": diff.get("parent"), "changed": changed}
 
 

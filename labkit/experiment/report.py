@@ -5,12 +5,14 @@ runs/<experiment>/_report/
   comparison.json       the same as data (labkit.experiment.compare.compare_experiment)
   *.png                 loss curves, per-category bars with intervals, confusion matrices
   runs/<run_id>/NN_stage.html   each executed notebook rendered by nbconvert
-The folder is self-contained (relative links, images next to the page): zip it and share it.
+The folder is self-contained (relative links, images next to the page): zip it and share it. It holds no machine
+path: every file is written through `labkit.experiment.shareable` (run folders as runs/<experiment>/<run_id>).
 """
 
 from __future__ import annotations
 
 import html
+import json
 import logging
 import re
 from pathlib import Path
@@ -24,9 +26,10 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.io import read_jsonl
 from labkit.core.run_card import recorded_length
-from labkit.evaluate.human import RATINGS, human_verdict
+from labkit.evaluate.ab_session import human_verdicts
 from labkit.experiment.compare import compare_experiment
-from labkit.experiment.runs_table import fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
+from labkit.experiment.runs_table import column_groups, fmt_change, fmt_interval, pair_rows, seed_rows, summary_rows
+from labkit.experiment.shareable import machine_prefixes, shareable
 from labkit.scoring.stopping import stopping_line
 from labkit.show import plots
 from labkit.show.plots import CATEGORY_TITLES
@@ -86,7 +89,8 @@ def render_notebooks(run_dir: Path, out: Path, variant: str = "", experiment: st
         target = out / source.with_suffix(".html").name
         if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
             body, _ = HTMLExporter(embed_images=True).from_notebook_node(nbformat.read(source, as_version=4))
-            io.write_atomic(target, _titled(body, run_dir.name, variant, source.stem, experiment))
+            page = _titled(body, run_dir.name, variant, source.stem, experiment)
+            io.write_atomic(target, shareable(page, machine_prefixes(run_dir.parent.parent)))
         pages.append(target)
     return pages
 
@@ -153,10 +157,10 @@ def _run_section(row: dict[str, Any], pages: list[Path], out: Path) -> str:
         return "\n".join(parts)
     parts.append(f"<p><b>Hypothesis:</b> {html.escape(row['hypothesis'])}</p><p><b>{html.escape(row['verdict'])}</b></p>")
     parts.append(f"<p>{html.escape(_stopping(Path(row['dir'])))}</p>")
-    people = human_verdict(Path(row["dir"]) / "comparison" / RATINGS)  # blind A/B ratings, when a person gave some
-    if people:
+    for people in human_verdicts(Path(row["dir"])):  # blind A/B ratings (base vs tuned, vs other runs), if any
         kappa = "" if people["kappa"] is None else f", Cohen's κ {people['kappa']:.2f}"
-        parts.append(f"<p><b>Human verdict</b> (blind A/B, order seed {people['seed']}): "
+        pair = " vs ".join(f"{n} ({people['sources'][n]['run']})" if n in people["sources"] else n for n in people["sides"])
+        parts.append(f"<p><b>Human verdict</b> (blind A/B, {html.escape(pair)}, order seed {people['seed']}): "
                      f"{html.escape(people['verdict'])}{kappa}.</p>")
     changed = row.get("changed") or {}
     items = "".join(f"<li><code>{html.escape(fmt_change(k, v))}</code></li>" for k, v in changed.items())
@@ -210,9 +214,18 @@ def _replicates(comparison: dict[str, Any]) -> str:
             f"variant's, on the mean over its seeds.</p>{_table(seed_rows(comparison))}")
 
 
+def _runs_tables(comparison: dict[str, Any]) -> str:
+    """The runs table cut to fit a page: the decision, then cost and speed, then (folded) the rest of each run's row."""
+    decision, cost, other = column_groups(summary_rows(comparison))
+    return (_table(decision) + (f"<h3>Cost and speed</h3>{_table(cost)}" if cost else "")
+            + (f"<details><summary>Reference, changes against the parent, reasons</summary>{_table(other)}</details>"
+               if other else ""))
+
+
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;font-size:.8em;margin:.5em 0;width:100%;table-layout:auto}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word;hyphens:manual}
+details{margin:.5em 0}summary{cursor:pointer}
 th{background:#f3f3f3}.bad{color:#a00}.warn{background:#fff4d6;padding:.6em;border:1px solid #e0c060}
 img{max-width:100%;border:1px solid #eee;margin:.5em 0}code{font-size:.9em}"""
 
@@ -230,7 +243,9 @@ def build_report(root: Path, experiment: str, resamples: int = 2000) -> Path:
     out = root / experiment / "_report"
     out.mkdir(parents=True, exist_ok=True)
     comparison = compare_experiment(root, experiment, resamples=resamples)
-    io.write_json(out / "comparison.json", comparison)
+    prefixes = machine_prefixes(root)  # no machine path in a folder meant for sharing (labkit.experiment.shareable)
+    io.write_atomic(out / "comparison.json", shareable(json.dumps(comparison, indent=1, ensure_ascii=False, default=str),
+                                                       prefixes) + "\n")
     images = draw(comparison, out)
     sections = [_run_section(row, render_notebooks(Path(row["dir"]), out / "runs" / row["run_id"], row["variant"] or "",
                                                    experiment), out) for row in comparison["runs"]]
@@ -254,12 +269,12 @@ run <code>{html.escape(str(reference))}</code>; a run that differs is flagged no
 <h2>Runs</h2><p>Every run's primary metric and guardrails on the evaluation split (95% bootstrap intervals),
 its gain against its card's reference (<code>experiment.target.against</code>), training time (m:ss), steps, tokens
 seen (counted, padding excluded), tokens per second and model FLOPs utilisation (docs/cost.md), peak memory of a
-training step, cost, and what its card changed against its parent.</p>{_table(summary_rows(comparison))}
+training step, cost, and what its card changed against its parent.</p>{_runs_tables(comparison)}
 {_replicates(comparison)}
 <h2>Run against run</h2><p>Every two comparable runs evaluated on the same examples, paired example by example
 (B − A; run metrics as the ratio B / A).</p>{_table(pair_rows(comparison))}
 <h2>Plots</h2>{''.join(f'<img src="{name}" alt="{name}">' for name in images) or '<p>no plots yet</p>'}
 <h2>Run by run</h2>{''.join(sections)}
 </body></html>"""
-    io.write_atomic(out / "index.html", page)
+    io.write_atomic(out / "index.html", shareable(page, prefixes))
     return out / "index.html"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 from labkit.evaluate.verdict import paired
@@ -23,8 +24,8 @@ def fmt_interval(leaf: dict[str, Any] | None, signed: bool = False) -> str:
 
 
 def fmt_change(key: str, change: dict[str, Any], width: int | None = None) -> str:
-    """One changed card key as `key: old → new` (values as the cards wrote them: relative paths stay relative),
-    each value cut at `width` characters when given."""
+    """One changed card key as `key: old → new` (paths resolved: the report shows them relative to the project,
+    `labkit.experiment.shareable`), each value cut at `width` characters when given."""
     def clean(value: Any) -> Any:  # unset keys (None) of a list of sections are noise in a one-line diff
         if isinstance(value, dict):
             return {k: clean(v) for k, v in value.items() if v is not None}
@@ -36,6 +37,28 @@ def fmt_change(key: str, change: dict[str, Any], width: int | None = None) -> st
         text = "—" if value is None else str(clean(value))
         return text if width is None or len(text) <= width else text[: width - 1] + "…"
     return f"{key}: {show(change.get('old'))} → {show(change.get('new'))}"
+
+
+PATH_KEYS = ("data.source.path", "data.source.files", "model.source")
+
+
+def spelling_only(key: str, change: dict[str, Any], parent: str | None) -> bool:
+    """True for an archived diff's path "change" that names the same file: the parent card's relative path against
+    the child's resolved one (runs archived before card diffs compared resolved sources).
+
+    Args:
+        key: the changed key.
+        change: {"old", "new"}.
+        parent: the parent card's file (card.diff.yaml's "parent").
+    """
+    old, new = change.get("old"), change.get("new")
+    if key not in PATH_KEYS or not parent:
+        return False
+    if isinstance(old, dict) and isinstance(new, dict):
+        return old.keys() == new.keys() and all(spelling_only(key, {"old": old[k], "new": new[k]}, parent) for k in old)
+    if not isinstance(old, str) or not isinstance(new, str) or Path(old).is_absolute() or ":" in old.split("/")[0]:
+        return False
+    return str((Path(parent).parent / old).resolve()) == new
 
 
 def _metric_cell(row: dict[str, Any], name: str) -> str:
@@ -98,6 +121,28 @@ def summary_rows(comparison: dict[str, Any]) -> list[dict[str, Any]]:
             flat["reason"] = row["reason"]
         out.append(flat)
     return out
+
+
+# the report's runs table shows the decision; the rest of a run's row goes to two more tables (cost and speed; the
+# reference, card changes and reasons) so that each fits a page
+DECISION_COLUMNS = ("run", "status", "seed", "primary", "gain vs reference [95% CI]", "guardrails", "wins/losses/ties",
+                    "verdict", "flags")
+COST_COLUMNS = ("run", "training time", "steps", "tokens seen", "tokens/s · MFU", "peak memory", "cost")
+
+
+def column_groups(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """`summary_rows` cut into three tables, each row keyed by its run: the decision (DECISION_COLUMNS), cost and
+    speed (COST_COLUMNS), and every other column (against, changed vs parent, reason, any column added later).
+
+    Returns:
+        (decision rows, cost rows, other rows); a table whose rows hold only the run is empty.
+    """
+    def pick(row: dict[str, Any], keep: Any) -> dict[str, Any]:
+        return {k: v for k, v in row.items() if keep(k)}
+    known = set(DECISION_COLUMNS) | set(COST_COLUMNS)
+    tables = ([pick(r, lambda k: k in DECISION_COLUMNS) for r in rows], [pick(r, lambda k: k in COST_COLUMNS) for r in rows],
+              [pick(r, lambda k: k == "run" or k not in known) for r in rows])
+    return tuple(t if any(len(r) > 1 for r in t) else [] for t in tables)
 
 
 def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:

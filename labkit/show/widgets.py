@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import os
-import random
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,10 @@ import ipywidgets as w
 from IPython import get_ipython
 
 from labkit.core import io
-from labkit.evaluate.human import RATINGS, ab_items, human_verdict, save_rating
+from labkit.evaluate.ab_session import ab_files, ab_session
+from labkit.evaluate.human import human_verdict, rater_view, save_rating
 from labkit.show import tables
 from labkit.show.tokens import STYLE, render, render_pair
-
-AB_SESSION = "human_ab.json"
 
 
 def interactive() -> bool:
@@ -98,38 +96,23 @@ def sample_explorer(tokenizer: Any, splits: dict[str, list[dict[str, Any]]], enc
                          for (c, s), ids in sorted(counts.items())])
 
 
-def ab_session(run_dir: Path, per_category: int = 3) -> dict[str, Any]:
-    """The run's blind A/B items: made once with a fresh seed (`comparison/human_ab.json`), then reused.
-
-    Args:
-        run_dir: the run folder (stage 01's and 05's predictions).
-        per_category: examples per category.
-    Returns:
-        {"seed", "items"}.
-    """
-    path = Path(run_dir) / "comparison" / AB_SESSION
-    if path.exists():
-        return io.read_json(path)
-    base = io.read_jsonl(Path(run_dir) / "baseline" / "baseline_predictions.jsonl")
-    tuned = io.read_jsonl(Path(run_dir) / "comparison" / "tuned_predictions.jsonl")
-    seed = random.SystemRandom().randrange(2**31)
-    session = {"seed": seed, "per_category": per_category, "items": ab_items(base, tuned, seed, per_category)}
-    io.write_json(path, session)
-    return session
-
-
 class ABRating:
-    """One item at a time: the prompt, the reference, answers A and B; buttons A, B, tie; the ratings as data.
+    """One item at a time: the prompt and answers A and B (the reference hidden until every item is rated);
+    buttons A, B, tie; the ratings as data, each with the blind order, the seed and the answers' sources.
 
     Args:
-        run_dir: the run folder; ratings go to comparison/human_ratings.jsonl.
+        run_dir: the run folder; ratings go to its comparison folder (`labkit.evaluate.ab_session.ab_files`).
         rater: who rates (kept with every rating).
+        per_category: examples per category.
+        against: another run's folder: its tuned answers against this run's (two variants), instead of the base
+            model's against this run's.
     """
 
-    def __init__(self, run_dir: Path, rater: str = "", per_category: int = 3) -> None:
+    def __init__(self, run_dir: str | Path, rater: str = "", per_category: int = 3,
+                 against: str | Path | None = None) -> None:
         self.run_dir, self.rater = Path(run_dir), rater
-        self.session = ab_session(self.run_dir, per_category)
-        self.path = self.run_dir / "comparison" / RATINGS
+        self.session = ab_session(self.run_dir, per_category, against)
+        _, self.path = ab_files(self.run_dir, Path(against) if against is not None else None)
         done = {r["id"] for r in io.read_jsonl(self.path)} if self.path.exists() else set()
         self.position = next((i for i, it in enumerate(self.session["items"]) if it["id"] not in done),
                              len(self.session["items"]))
@@ -149,38 +132,58 @@ class ABRating:
         items = self.session["items"]
         if self.position >= len(items):
             return None
-        line = save_rating(self.path, items[self.position], choice, self.session["seed"], self.rater)
+        line = save_rating(self.path, items[self.position], choice, self.session["seed"], self.rater,
+                           self.session["sides"], self.session["sources"])
         self.position += 1
         self._draw()
         return line
+
+    def reveal(self) -> str:
+        """After rating: every item with its reference, which source was A and B, and the choice (HTML)."""
+        chosen = {r["id"]: r["choice"] for r in io.read_jsonl(self.path)} if self.path.exists() else {}
+        rows = [{"item": it["position"] + 1, "category": it["category"], "reference": it["target"],
+                 "A": f"{it['a_is']}: {it['a']}", "B": f"{it['b_is']}: {it['b']}", "choice": chosen.get(it["id"], "")}
+                for it in self.session["items"]]
+        head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0]) if rows else ""
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+        return f"<details><summary>Reveal the references and sources</summary><table>{head}{body}</table></details>"
 
     def _draw(self) -> None:
         items = self.session["items"]
         if self.position >= len(items):
             verdict = human_verdict(self.path)
-            self.view.value = f"<p><b>All {len(items)} items rated.</b> {html.escape(verdict['verdict'] if verdict else '')}</p>"
+            self.view.value = (f"<p><b>All {len(items)} items rated.</b> "
+                               f"{html.escape(verdict['verdict'] if verdict else '')}</p>" + self.reveal())
             for button in self.buttons:
                 button.disabled = True
             return
-        it = items[self.position]
+        seen = rater_view(items[self.position])  # never the reference nor the sources before the rating
         pre = "<pre style='white-space:pre-wrap'>{}</pre>"
-        self.view.value = (f"<p>item {self.position + 1} of {len(items)} · category {html.escape(str(it['category']))}</p>"
-                           f"<b>prompt</b>{pre.format(html.escape(it['input']))}<b>reference</b>"
-                           f"{pre.format(html.escape(it['target']))}<b>A</b>{pre.format(html.escape(it['a']))}"
-                           f"<b>B</b>{pre.format(html.escape(it['b']))}")
+        self.view.value = (f"<p>item {self.position + 1} of {len(items)} · category {html.escape(str(seen['category']))}"
+                           f"</p><b>prompt</b>{pre.format(html.escape(seen['input']))}"
+                           f"<b>A</b>{pre.format(html.escape(seen['a']))}<b>B</b>{pre.format(html.escape(seen['b']))}")
 
 
-def ab_rating(run_dir: str | Path, rater: str = "", per_category: int = 3) -> Any:
+def ab_rating(run_dir: str | Path, rater: str = "", per_category: int = 3, against: str | Path | None = None) -> Any:
     """Stage 05's blind A/B rating: a widget in a live notebook, else the human verdict (or how many items wait).
 
+    Args:
+        run_dir: the run folder.
+        rater: who rates.
+        per_category: examples per category.
+        against: another run's folder, to rate two variants' answers instead of base against tuned.
     Returns:
         an ipywidgets VBox, or a displayable table.
     """
     if interactive():
-        return ABRating(Path(run_dir), rater, per_category).widget
-    verdict = human_verdict(Path(run_dir) / "comparison" / RATINGS)
+        return ABRating(Path(run_dir), rater, per_category, against).widget
+    _, path = ab_files(Path(run_dir), Path(against) if against is not None else None)
+    verdict = human_verdict(path)
     if verdict is None:
-        return tables.md(f"No human ratings yet. To rate {per_category} examples per category, base and tuned shown "
-                         "blind as A and B, run in a JupyterLab notebook: `from labkit.show.widgets import ab_rating; "
-                         f"ab_rating(\"{run_dir}\")`.")
-    return tables.table([{k: verdict[k] for k in ("rated", "tuned", "baseline", "tie", "agreement", "kappa", "seed")}])
+        pair = "base and tuned" if against is None else f"run {Path(against).name} and this run"
+        call = f'ab_rating("{run_dir}"' + ("" if against is None else f', against="{against}"') + ")"
+        return tables.md(f"No human ratings yet. To rate {per_category} examples per category, {pair} shown blind "
+                         f"as A and B, run in a JupyterLab notebook: `from labkit.show.widgets import ab_rating; {call}`.")
+    first, second = verdict["sides"]
+    return tables.table([{"rated": verdict["rated"], second: verdict["wins"], first: verdict["losses"],
+                          "tie": verdict["ties"], **{k: verdict[k] for k in ("agreement", "kappa", "seed")}}])

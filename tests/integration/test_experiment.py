@@ -133,7 +133,7 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
         "experiment.variant": "seed7", "experiment.protocol_change": seed_row["protocol_change_why"], "train.seed": 7}
     assert seed_row["changed"]["train.seed"]["old"] == 42
     for row in (by_variant["tiny-lora"], seed_row):  # the intervals' point values are stage 05's own metrics
-        verdict = json.loads((Path(row["dir"]) / "comparison" / "verdict.json").read_text())
+        verdict = json.loads((tmp_path / row["dir"] / "comparison" / "verdict.json").read_text())  # relative to the project
         primary = row["intervals"]["overall"]["field_accuracy"]
         assert primary["tuned"]["value"] == pytest.approx(verdict["primary"]["tuned"])
         assert primary["baseline"]["value"] == pytest.approx(verdict["primary"]["baseline"])

@@ -93,7 +93,7 @@ def test_label_experiment_report_in_a_headless_browser(tmp_path: Path, repo: Pat
     assert r8["paired"]["key"] == "correct" and sum(r8["paired"][k] for k in ("wins", "losses", "ties")) == r8["intervals"]["n"]
     assert r8["changed"]["method.r"] == {"old": 4, "new": 8}
     assert len(comparison["pairs"]) == 1 and comparison["pairs"][0]["metric"] == "accuracy"
-    run_dir = Path(r8["dir"])
+    run_dir = tmp_path / r8["dir"]  # the report names run folders relative to the project (runs/…)
     log = run_dir / "logs" / "libraries.log"
     assert log.exists(), "library messages go to the run's log file"
     notebook = json.loads((run_dir / "notebooks" / "05_comparison.ipynb").read_text())
