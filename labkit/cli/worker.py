@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     train_parser.set_defaults(func=_train)
     reload_parser = sub.add_parser("reload-check", help="the reload check of an export")
     reload_parser.add_argument("export_dir")
-    reload_parser.add_argument("--run", help="the run folder (default: the one recorded in export.json)")
+    reload_parser.add_argument("--run", help="the run folder (default: the folder holding EXPORT_DIR, as `<run>/export` is)")
     reload_parser.add_argument("--sample", type=int, help="check only the first N evaluation batches (whole batches)")
     reload_parser.add_argument("--device", help="cpu, cuda or mps (default: cpu unless the run used CUDA)")
     reload_parser.set_defaults(func=_reload_check)

@@ -241,7 +241,7 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
 
     Args:
         export_dir: the export folder (holds export.json).
-        run_dir: the run folder (default: the one recorded in export.json).
+        run_dir: the run folder (default: the folder holding the export, `<run>/export`).
         sample: check the first N evaluation batches only (None: all).
         device: where to run (default: cpu unless the run recorded a CUDA device).
         available: free bytes to size the check against (default: the device's free memory now).
@@ -253,7 +253,7 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     """
     start = time.monotonic()
     manifest = io.read_json(export_dir / "export.json")
-    run = R.Run(Path(run_dir or manifest["run_dir"]).resolve())
+    run = R.Run(Path(run_dir or manifest.get("run_dir") or Path(export_dir).resolve().parent).resolve())
     card = resolved_card(load_card(run.card_path).card, run.dir)
     device = device or run_device(run.dir)
     base_info = manifest["base_model"]
