@@ -16,6 +16,10 @@ The rules, read against transformers 5.24, TRL 1.16 and labkit's own trainer and
 - train.eval_steps beyond train.max_steps: no validation pass would run (nor early stopping).
 - distributed.fsdp_state_dict other than full without strategy fsdp; distributed.num_machines, machine_rank,
   main_process_ip and main_process_port with launcher none: read only by the launcher they belong to.
+- train.packing with DeepSpeed ZeRO-3: labkit checks, before training, that packed examples do not attend to each
+  other (a forward pass of the whole model); ZeRO-3 partitions the weights when the model loads, so no process can
+  run it (fix: zero_stage 2, strategy fsdp, whose rank 0 holds the whole model, or packing off). Unlike the others
+  this rule refuses a combination labkit cannot check, not a no-op.
 - data.prompt.system with a plain template that has no {system}: the text never reaches the prompt.
 - data.split.validation / test / seed / stratify with data.split.field or from_source: the splits are given, the
   fractions unused.
@@ -81,6 +85,17 @@ def launcher_keys(card: Card) -> Problem | None:
     return None
 
 
+def packing_under_zero3(card: Card) -> Problem | None:
+    """Packing, whose isolation check needs the whole model in one process, with ZeRO-3's partitioned weights."""
+    d = card.distributed
+    if card.train.packing and d.strategy == "deepspeed" and d.zero_stage == 3:
+        return ("train.packing", "true with distributed.strategy: deepspeed, zero_stage: 3: ZeRO-3 partitions the "
+                "weights as the model loads, so no process holds the whole model to run labkit's packing isolation "
+                "check before training; set distributed.zero_stage: 2, or distributed.strategy: fsdp (rank 0 loads "
+                "the whole model and checks), or train.packing: false")
+    return None
+
+
 def system_without_placeholder(card: Card) -> Problem | None:
     """A system text the plain template never shows."""
     prompt = card.data.prompt
@@ -118,7 +133,7 @@ def keys_of_a_non_json_target(card: Card) -> Problem | None:
 
 
 RULES: tuple[Callable[[Card], Problem | None], ...] = (
-    warmup_with_constant, save_steps_with_early_stopping, eval_steps_past_the_end, launcher_keys,
+    warmup_with_constant, save_steps_with_early_stopping, eval_steps_past_the_end, launcher_keys, packing_under_zero3,
     system_without_placeholder, fractions_with_given_splits, keys_of_a_non_json_target)
 
 

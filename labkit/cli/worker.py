@@ -31,9 +31,14 @@ def _train(args: argparse.Namespace) -> int:
     from labkit.core.runs import Run
     from labkit.stages.context import Stage
     from labkit.stages.training import train
+    from labkit.train.process_state import prepare
 
     run = Run(Path(args.run_dir).resolve())
-    stage = Stage("training", load_card(run.card_path), run, interactive=False)
+    loaded = load_card(run.card_path)
+    stage = Stage("training", loaded, run, interactive=False)
+    # the process group (and FSDP's environment or ZeRO-3's DeepSpeed config) before the model loads, so loading
+    # shards: FSDP rank 0 loads, the other ranks hold meta parameters; ZeRO-3 partitions at init
+    prepare(loaded.card, stage.device)
     if stage.device == "cuda":
         stage.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # each process loads onto its own GPU
     train(stage)

@@ -140,11 +140,11 @@ def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:
     if not chatml_ids(card, tokenizer):
         return
 
-    rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
+    weight = model.get_input_embeddings().weight
+    if len(tokenizer) > weight.shape[0]:
         with torch.random.fork_rng():
-            torch.manual_seed(0)
-            model.resize_token_embeddings(len(tokenizer))
+            torch.manual_seed(0)  # on the meta device (an FSDP rank but 0) only the shape: rank 0's rows are broadcast
+            model.resize_token_embeddings(len(tokenizer), mean_resizing=weight.device.type != "meta")
     model.labkit_trainable_tokens = chatml_ids(card, tokenizer)  # the rows LoRA trains (labkit.model.method)
     for config in (model.config.get_text_config(), getattr(model, "generation_config", None)):
         if config is not None:
@@ -153,7 +153,11 @@ def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:
 
 
 def quantization_config(card: Card, device: str | None = None) -> Any:
-    """The BitsAndBytesConfig of a qlora card, else None."""
+    """The BitsAndBytesConfig of a qlora card, else None.
+
+    Under `distributed.strategy: fsdp` or DeepSpeed ZeRO-3 the 4-bit codes are stored in the weights' dtype
+    (`bnb_4bit_quant_storage`), so they shard with the other weights.
+    """
     if card.method.kind != "qlora":
         return None
     if importlib.util.find_spec("bitsandbytes") is None:  # an optional dependency: the [gpu] extra
@@ -163,8 +167,10 @@ def quantization_config(card: Card, device: str | None = None) -> Any:
     q = card.method.quantisation
     made = decisions(card, device)
     storage = {}
-    if card.distributed.strategy == "fsdp":
-        # FSDP shards flat tensors of one dtype: the packed 4-bit codes are stored in the weights' dtype
+    d = card.distributed
+    if d.strategy == "fsdp" or (d.strategy == "deepspeed" and d.zero_stage == 3):
+        # FSDP and ZeRO-3 shard flat tensors of one dtype: the packed 4-bit codes are stored in the weights' dtype
+        # (PEFT's FSDP-QLoRA and DeepSpeed-ZeRO-3-QLoRA recipes; accelerate 1.15 leaves uint8 codes out of FSDP2)
         storage = {"bnb_4bit_quant_storage": getattr(torch, made.weight_dtype)}
     return BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type=q.type, bnb_4bit_use_double_quant=q.double_quant,
@@ -221,6 +227,29 @@ def model_decisions(resolved: ResolvedModel, card: Card, device: str | None = No
     return adjusted
 
 
+def sharded_loading() -> str | None:
+    """Which sharded loading transformers sees in this process: "fsdp" (`is_fsdp_enabled`: a process group, and
+    accelerate's ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING), "zero3" (`is_deepspeed_zero3_enabled`: a live
+    HfDeepSpeedConfig of stage 3), else None. `labkit.train.process_state.prepare` sets this up before the model loads.
+    """
+    from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_enabled
+
+    return "fsdp" if is_fsdp_enabled() else "zero3" if is_deepspeed_zero3_enabled() else None
+
+
+def _empty(resolved: ResolvedModel, kwargs: dict[str, Any]) -> Any:
+    """The model with its parameters on the meta device and its buffers real (accelerate's `init_empty_weights`): what
+    an FSDP rank other than 0 holds until FSDP broadcasts rank 0's weights (accelerate's `cpu_ram_efficient_loading`,
+    which keeps each rank's non-persistent buffers, such as rotary frequencies)."""
+    from accelerate import init_empty_weights
+
+    hub = {k: v for k, v in kwargs.items() if k not in ("dtype", "attn_implementation")}
+    config = AutoConfig.from_pretrained(resolved.location, **hub)
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=kwargs["dtype"], attn_implementation=kwargs["attn_implementation"],
+                                                trust_remote_code=kwargs["trust_remote_code"])
+
+
 def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, quantize: bool = True) -> Any:
     """Load the base model for causal LM, quantised when the card's method is qlora.
 
@@ -230,7 +259,9 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
         device: target device; picked when None.
         quantize: load in 4 bits for a qlora card (False to load the plain base, e.g. for the baseline).
     Returns:
-        the model, in eval mode, on the device.
+        the model, in eval mode, on the device; under FSDP's loading path (`sharded_loading`) every rank but 0 gets
+            its parameters on the meta device (FSDP broadcasts rank 0's weights when the trainer prepares the model),
+            and under FSDP or ZeRO-3 the model is not moved (no `device_map`, no `.to(device)`).
     """
     device = device or pick_device()
     made = model_decisions(resolved, card, device)
@@ -239,19 +270,24 @@ def load_model(resolved: ResolvedModel, card: Card, device: str | None = None, q
     kwargs: dict[str, Any] = {"dtype": getattr(torch, made.weight_dtype), "attn_implementation": made.attention,
                               "trust_remote_code": card.model.trust_remote_code, **resolved.from_pretrained_kwargs()}
     qconfig = quantization_config(card, device) if quantize else None
-    if qconfig is not None:
+    sharded = sharded_loading()
+    if qconfig is not None and sharded is None:
         kwargs.update(quantization_config=qconfig, device_map={"": device if device != "cuda" else 0})
+    elif qconfig is not None:  # bitsandbytes places it on this process's GPU (accelerate's PartialState set it)
+        kwargs.update(quantization_config=qconfig)
+    empty = sharded == "fsdp" and qconfig is None and torch.distributed.get_rank() != 0
     # a hub model is downloaded here on first use (into the hub cache): the event says so before the wait
     label = f"loading model {resolved.source}" + (" (from the hub cache, downloaded if missing)" if resolved.kind == "hf"
-                                                 else "") + f" on {device}" + (" in 4 bits" if qconfig else "")
+                                                 else "") + f" on {'meta (FSDP: rank 0 loads)' if empty else device}" + (
+                                                     " in 4 bits" if qconfig else "")
     try:
         with task(label):
-            model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
+            model = _empty(resolved, kwargs) if empty else AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except Exception as exc:  # noqa: BLE001
         raise ModelSourceError(f"{resolved.source}: model does not load ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
     if card.data.prompt.format == "chat" and card.data.prompt.chat_template == "chatml":
         resize_for_tokenizer(model, card, load_tokenizer(resolved, card))
-    if qconfig is None:
+    if qconfig is None and sharded is None:  # FSDP / ZeRO-3 place (and shard) the weights when the trainer prepares
         model.to(device)
     model.eval()
     model.labkit_decisions = made.as_dict()

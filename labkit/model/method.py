@@ -55,16 +55,31 @@ def lora_config(method: Lora, prompt: Prompt, model: Any = None) -> Any:
                       trainable_token_indices=tokens)
 
 
+def trainer_checkpointing(card: Card) -> bool:
+    """Whether the model (the trainer, or PEFT's k-bit preparation) checkpoints activations itself.
+
+    `train.gradient_checkpointing` is carried out by exactly one layer: under `distributed.strategy: fsdp` it is FSDP's
+    own (the accelerate config's `fsdp_activation_checkpointing`, `labkit.train.distributed`), as transformers 5.24
+    refuses both at once ("can't both be set to True"); under ddp, deepspeed or one process it is the trainer's.
+
+    Args:
+        card: the card.
+    Returns:
+        True when the trainer's `activation_checkpointing` is on.
+    """
+    return card.train.gradient_checkpointing and card.distributed.strategy != "fsdp"
+
+
 def prepare_kbit(model: Any, card: Card) -> Any:
     """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
 
     all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
     included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
     keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
-    hook is needed).
+    hook is needed). Checkpointing is `trainer_checkpointing`'s one layer (FSDP's own under strategy fsdp).
     """
     if card.method.quantisation.upcast == "all":
-        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=card.train.gradient_checkpointing)
+        return prepare_model_for_kbit_training(model, use_gradient_checkpointing=trainer_checkpointing(card))
     for name, param in model.named_parameters():
         param.requires_grad_(False)
         if "norm" in name and param.dtype in (torch.float16, torch.bfloat16):

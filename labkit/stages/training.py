@@ -52,7 +52,7 @@ def train(stage: Stage) -> TrainingOutcome:
     """
     card = stage.card
     model = apply_method(stage.load_model(), card)
-    if card.train.packing:
+    if card.train.packing and not any(p.is_meta for p in model.parameters()):  # FSDP: rank 0 checks (the others: meta)
         _check_packing(stage, model)
     validation = stage.split("validation")
     trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path(CHECKPOINTS),

@@ -19,6 +19,7 @@ from trl import SFTConfig
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.data.prompting import encode_rows
 from labkit.model.loading import decisions
+from labkit.model.method import trainer_checkpointing
 from labkit.model.placement import one_gpu
 from labkit.scoring.names import METRICS
 from labkit.train.callbacks import (
@@ -107,7 +108,7 @@ def build_trainer(card: Card, model: Any, tokenizer: Any, train_rows: Any, outpu
     config = dict(
         output_dir=str(output_dir), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.grad_accum,
         learning_rate=t.lr, lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, activation_checkpointing=t.gradient_checkpointing, packing=False,
+        max_grad_norm=t.max_grad_norm, activation_checkpointing=trainer_checkpointing(card), packing=False,
         padding_free=False, max_length=card.data.max_length, seed=t.seed, data_seed=t.seed,
         optim=OPTIMIZERS[t.optimizer][1], logging_steps=1 if checkpoints else t.logging_steps, logging_first_step=True,
         logging_nan_inf_filter=False,  # a NaN loss is logged as NaN, never replaced by the previous losses' average
