@@ -5,11 +5,17 @@
   sharding), which is what lets a model larger than one device's memory train; FSDP2 keeps the
   original parameters, so LoRA works. Saving is a collective: every rank calls `save_model` (stage 04), the full
   state dict is gathered and rank 0 writes it (`fsdp_state_dict: full`), or every rank writes its shard
-  (`sharded`). `cpu_ram_efficient_loading` loads the weights on rank 0 only and broadcasts them (with
-  `sync_module_states`), so a machine's RAM holds one copy, not one per process. QLoRA under FSDP stores the 4-bit
-  codes in the weights' dtype (`bnb_4bit_quant_storage`, labkit.model.loading) so they shard like the rest.
+  (`sharded`). `cpu_ram_efficient_loading` + `sync_module_states`: rank 0 alone loads the weights (the other ranks'
+  parameters are on the meta device: `labkit.model.loading.load_model`, after `labkit.train.process_state.prepare`
+  set up the process group before the load) and FSDP broadcasts them, so a machine's RAM holds one copy, not one
+  per process. `train.gradient_checkpointing` becomes FSDP's own activation checkpointing
+  (`fsdp_activation_checkpointing`); the trainer's is then off (`labkit.model.method.trainer_checkpointing`:
+  transformers refuses both). QLoRA under FSDP or ZeRO-3 stores the 4-bit codes in the weights' dtype
+  (`bnb_4bit_quant_storage`, labkit.model.loading) so they shard like the rest.
 - `deepspeed`: ZeRO stage 2 or 3 (optionally offloading to the CPU), configured from the card in the same
-  accelerate config (never edited by hand: the launcher writes it from the card on every run).
+  accelerate config (never edited by hand: the launcher writes it from the card on every run). With stage 3 the
+  model is partitioned as it loads (`zero3_init_flag`: transformers' `HfDeepSpeedConfig` exists before
+  `from_pretrained`, `labkit.train.process_state`).
 
 On a machine without GPUs the processes are CPU processes talking over gloo (accelerate's multi-GPU
 launcher starts them; the trainer's `use_cpu` puts them on the CPU). FSDP is refused there: accelerate
@@ -86,7 +92,9 @@ def accelerate_config(card: Card, device: str, profile: DeviceProfile | None = N
             "fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "fsdp_reshard_after_forward": True,
             "fsdp_state_dict_type": "FULL_STATE_DICT" if d.fsdp_state_dict == "full" else "SHARDED_STATE_DICT",
             "fsdp_cpu_ram_efficient_loading": True, "fsdp_sync_module_states": True,
-            "fsdp_offload_params": False, "fsdp_activation_checkpointing": card.train.gradient_checkpointing,
+            "fsdp_offload_params": False,
+            # the one checkpointing layer under FSDP: the trainer's is off (labkit.model.method.trainer_checkpointing)
+            "fsdp_activation_checkpointing": card.train.gradient_checkpointing,
         }
     return yaml.safe_dump(config, sort_keys=True)
 

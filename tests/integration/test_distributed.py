@@ -13,6 +13,7 @@ from conftest import REPO, labkit
 from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.errors import CardError
+from labkit.model.method import trainer_checkpointing
 from labkit.train.distributed import accelerate_config
 
 
@@ -60,6 +61,11 @@ def test_fsdp_config_and_card_rules(tmp_path: Path) -> None:
     card = updated(loaded.card, {"distributed.strategy": "fsdp"})
     fsdp = yaml.safe_load(accelerate_config(card, "cuda"))
     assert fsdp["distributed_type"] == "FSDP" and fsdp["fsdp_config"]["fsdp_state_dict_type"] == "FULL_STATE_DICT"
+    # checkpointing on: FSDP's own, the trainer's off (transformers refuses both: tests/unit/train/test_fsdp_checkpointing)
+    checkpointed = updated(card, {"train.gradient_checkpointing": True})
+    assert yaml.safe_load(accelerate_config(checkpointed, "cuda"))["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    assert not trainer_checkpointing(checkpointed) and trainer_checkpointing(updated(checkpointed, {
+        "distributed.strategy": "ddp"}))
     with pytest.raises(ValueError, match=r"strategy: fsdp needs CUDA GPUs .*use strategy: ddp"):
         accelerate_config(card, "cpu")  # accelerate would wrap CPU processes in DDP: nothing sharded
     bad = tmp_path / "bad.yaml"
