@@ -141,7 +141,7 @@ def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:
         return
 
     weight = model.get_input_embeddings().weight
-    if len(tokenizer) > weight.shape[0]:
+    if len(tokenizer) > getattr(weight, "ds_shape", weight.shape)[0]:  # ZeRO-3: the partitioned weight's whole shape
         with torch.random.fork_rng():
             torch.manual_seed(0)  # on the meta device (an FSDP rank but 0) only the shape: rank 0's rows are broadcast
             model.resize_token_embeddings(len(tokenizer), mean_resizing=weight.device.type != "meta")

@@ -19,6 +19,7 @@ reference only. DeepSpeed itself is imported only on that path (the `deepspeed` 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from typing import Any
 
@@ -64,9 +65,12 @@ def zero3_config() -> Any:
 
     Returns:
         the accelerate DeepSpeedPlugin, holding transformers' HfDeepSpeedConfig (`dschf`): keep it alive.
+    Raises:
+        StageFailed: DeepSpeed is not installed.
     """
-    import deepspeed  # noqa: F401 - the `deepspeed` extra; transformers' HfDeepSpeedConfig needs it
-
+    if importlib.util.find_spec("deepspeed") is None:  # transformers' HfDeepSpeedConfig imports it
+        raise StageFailed("distributed.strategy: deepspeed needs DeepSpeed, which is not installed here: "
+                          "pip install 'labkit[deepspeed]' on the GPU machine, or use distributed.strategy: fsdp")
     from accelerate.utils import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin()
