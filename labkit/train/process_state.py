@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from datetime import timedelta
 from typing import Any
 
 from labkit.card.schema import Card
@@ -43,7 +44,12 @@ def prepare(card: Card, device: str) -> Any:
     """
     from accelerate import PartialState
 
-    state = PartialState(cpu=device.split(":")[0] == "cpu")
+    from transformers import TrainingArguments
+
+    # the trainer's own timeout (its PartialState reuses this process group): FSDP's other ranks wait in the
+    # broadcast while rank 0 reads the checkpoint
+    timeout = timedelta(seconds=TrainingArguments.__dataclass_fields__["ddp_timeout"].default)
+    state = PartialState(cpu=device.split(":")[0] == "cpu", timeout=timeout)
     d = card.distributed
     if d.strategy == "fsdp" and not _flag("ACCELERATE_USE_FSDP"):
         raise StageFailed("distributed.strategy: fsdp, but this process was not started by `accelerate launch` with "
