@@ -17,6 +17,7 @@ from transformers import set_seed
 from labkit.card.schema import Card, Lora
 from labkit.card.experiment_and_data import Prompt
 from labkit.errors import MethodError
+from labkit.model.loading import sharded_loading
 
 
 def kind_of(name: str) -> str:
@@ -121,7 +122,35 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
         raise MethodError(f"method.target_modules {targets!r}: {str(exc).splitlines()[0]} "
                           f"(linear modules of this model: {', '.join(linear)})") from None
     _expose_head_bias(wrapped)
+    if sharded_loading() == "fsdp":
+        rank0_buffers(wrapped)
     return wrapped
+
+
+def rank0_buffers(model: Any) -> None:
+    """Give every rank rank 0's values of the buffers some rank holds on the meta device (a collective: every rank of
+    an FSDP run calls it after wrapping).
+
+    Under FSDP's loading (`labkit.model.loading.load_model`) only rank 0 has the weights; a buffer copied from them
+    when the method wraps the model (peft's trainable tokens keep the original ChatML rows) is on the meta device on
+    the other ranks, and accelerate re-registers each rank's own non-persistent buffers after sharding, so they must
+    be real and rank 0's.
+    """
+    import torch.distributed as dist
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    buffers = list(model.named_buffers())
+    on_meta = torch.tensor([b.is_meta for _, b in buffers], dtype=torch.uint8, device=device)
+    dist.all_reduce(on_meta, op=dist.ReduceOp.MAX)
+    for (name, buffer), missing in zip(buffers, on_meta.tolist()):
+        if not missing:
+            continue
+        value = buffer.to(device) if not buffer.is_meta else torch.empty(buffer.shape, dtype=buffer.dtype, device=device)
+        dist.broadcast(value, src=0)
+        if buffer.is_meta:  # the model waits on the CPU for FSDP to place it
+            owner, _, leaf = name.rpartition(".")
+            module = model.get_submodule(owner)
+            module.register_buffer(leaf, value.to("cpu"), persistent=leaf not in module._non_persistent_buffers_set)
 
 
 def _expose_head_bias(model: Any) -> None:

@@ -5,7 +5,11 @@ weights on rank 0 only, and rank 1's parameters are on the meta device; under DD
 Each process is started as `accelerate launch` / torchrun start it (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), with the FSDP environment accelerate's launcher writes from labkit's config (`prepare_multi_gpu_env`:
 ACCELERATE_USE_FSDP, FSDP_CPU_RAM_EFFICIENT_LOADING). The model is `tiny:mistral` with a ChatML card, so the
-embeddings are also resized (on the meta device on rank 1) and LoRA is applied on both ranks.
+embeddings are also resized (on the meta device on rank 1) and LoRA is applied on both ranks. Then accelerate's own
+FSDP2 preparation (`fsdp2_prepare_model`, with the plugin accelerate builds from that environment put where a GPU
+process's state holds it: on CPU processes accelerate's state stays MULTI_CPU) broadcasts rank 0's weights and shards
+them: each rank holds half, and gathered they equal the saved weights on both ranks. Training under FSDP itself is not
+run here (accelerate wraps CPU processes in DDP).
 """
 
 from __future__ import annotations
@@ -50,6 +54,25 @@ report = {"rank": dist.get_rank(), "sharded": sharded_loading(), "total": sum(p.
 wrapped = apply_method(model, card)
 report["lora_meta"] = sorted({p.device.type for n, p in wrapped.named_parameters() if "lora_" in n})
 report["trainable"] = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+report["buffers_after_method"] = {n: float(b.double().sum()) for n, b in wrapped.named_buffers() if not b.is_meta}
+report["meta_buffers_after_method"] = sum(b.is_meta for b in wrapped.buffers())
+if sys.argv[2] == "fsdp":  # accelerate's own FSDP2 preparation: rank 0's weights broadcast, then sharded
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+
+    accelerator = Accelerator(cpu=True)
+    state = AcceleratorState()  # on CPU processes accelerate keeps MULTI_CPU: the plugin goes where a GPU's state has it
+    state.distributed_type, state.fsdp_plugin = DistributedType.FSDP, FullyShardedDataParallelPlugin()
+    sharded = fsdp2_prepare_model(accelerator, wrapped)
+    full = {n.replace("base_model.model.", "").replace(".token_adapter", "").replace(".base_layer", ""): p.full_tensor()
+            for n, p in sharded.named_parameters()}
+    report["after_fsdp_equal_to_saved"] = all(torch.equal(full[n][: t.shape[0]], t.to(full[n].dtype))
+                                              for n, t in saved.items() if n in full)
+    report["after_fsdp_compared"] = sum(n in full for n in saved)
+    report["after_fsdp_local"] = sum(p.to_local().numel() for p in sharded.parameters())
+    report["after_fsdp_total"] = sum(t.numel() for t in full.values())
 print("REPORT " + json.dumps(report), flush=True)
 dist.destroy_process_group()
 """
@@ -71,14 +94,17 @@ def _card(tmp_path: Path, strategy: str) -> Path:
 
 
 def _two_processes(tmp_path: Path, strategy: str, extra_env: dict[str, str]) -> list[dict]:
+    from labkit.model.sources import resolve
+
     card = _card(tmp_path, strategy)
+    resolve("tiny:mistral")  # built once, before two processes read it
     port = str(_port())
     procs = []
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1",
                **extra_env}
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD, str(card)], env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, "-c", CHILD, str(card), strategy], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     reports = []
     for proc in procs:
@@ -120,6 +146,12 @@ def test_fsdp_loading_puts_the_weights_on_rank_0_only(tmp_path: Path, fsdp_env: 
     # LoRA applies on both; rank 1's adapters wait on the meta device for rank 0's broadcast
     assert zero["lora_meta"] == ["cpu"] and one["lora_meta"] == ["meta"]
     assert zero["trainable"] == one["trainable"] > 0
+    # buffers copied from the weights by the method (peft's original ChatML rows): rank 0's values on rank 1 too
+    assert one["meta_buffers_after_method"] == 0 and one["buffers_after_method"] == zero["buffers_after_method"]
+    # accelerate's FSDP2 preparation: every rank then holds half of the weights, and gathered they are the saved ones
+    for report in (zero, one):
+        assert report["after_fsdp_equal_to_saved"] and report["after_fsdp_compared"] == zero["compared"]
+        assert report["after_fsdp_local"] * 2 == report["after_fsdp_total"], report
 
 
 def test_ddp_loading_gives_each_process_one_whole_copy(tmp_path: Path) -> None:
