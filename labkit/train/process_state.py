@@ -43,13 +43,8 @@ def prepare(card: Card, device: str) -> Any:
         StageFailed: the card says fsdp or deepspeed but the process was not launched with that accelerate config.
     """
     from accelerate import PartialState
-
     from transformers import TrainingArguments
 
-    # the trainer's own timeout (its PartialState reuses this process group): FSDP's other ranks wait in the
-    # broadcast while rank 0 reads the checkpoint
-    timeout = timedelta(seconds=TrainingArguments.__dataclass_fields__["ddp_timeout"].default)
-    state = PartialState(cpu=device.split(":")[0] == "cpu", timeout=timeout)
     d = card.distributed
     if d.strategy == "fsdp" and not _flag("ACCELERATE_USE_FSDP"):
         raise StageFailed("distributed.strategy: fsdp, but this process was not started by `accelerate launch` with "
@@ -57,6 +52,10 @@ def prepare(card: Card, device: str) -> Any:
     if d.strategy == "deepspeed" and not _flag("ACCELERATE_USE_DEEPSPEED"):
         raise StageFailed("distributed.strategy: deepspeed, but this process was not started by `accelerate launch` "
                           "with labkit's DeepSpeed config (ACCELERATE_USE_DEEPSPEED is not set); start it with `labkit run`")
+    # the trainer's own timeout (its PartialState reuses this process group): FSDP's other ranks wait in the
+    # broadcast while rank 0 reads the checkpoint
+    timeout = timedelta(seconds=TrainingArguments.__dataclass_fields__["ddp_timeout"].default)
+    state = PartialState(cpu=device.split(":")[0] == "cpu", timeout=timeout)
     if d.strategy == "deepspeed" and d.zero_stage == 3:
         _KEPT[:] = [zero3_config()]
     return state
