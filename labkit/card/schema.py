@@ -210,7 +210,7 @@ class Distributed(Strict):
             raise ValueError("num_processes > 1 needs launcher: accelerate")
         if self.strategy != "deepspeed" and (self.zero_stage != 2 or self.offload != "none"):
             raise ValueError("zero_stage and offload are deepspeed keys: remove them, or set strategy: deepspeed")
-        if self.num_processes % self.num_machines:
+        if self.launcher != "none" and self.num_processes % self.num_machines:
             raise ValueError(f"num_processes {self.num_processes} is not a multiple of num_machines "
                              f"{self.num_machines}: set it to processes per machine × machines")
         return self

@@ -95,6 +95,30 @@ def this_machine(env: Mapping[str, str] | None = None) -> Machine:
     return Machine(0, None, None, port, "none")
 
 
+def machine_of_run(num_machines: int, env: Mapping[str, str] | None = None) -> Machine:
+    """This machine, checked against a run on `num_machines` machines: the environment names the head, and this
+    machine's rank (and the count, where stated) fit the card.
+
+    Args:
+        num_machines: the card's `distributed.num_machines` (> 1).
+        env: the environment (default: os.environ).
+    Returns:
+        the Machine.
+    Raises:
+        UsageError: one line naming the variables to set.
+    """
+    machine = this_machine(env)
+    if machine.head is None:
+        raise UsageError(f"this run spans {num_machines} machines (distributed.num_machines) but the environment names "
+                         "no head machine: set MASTER_ADDR, NODE_RANK (and MASTER_PORT) on every machine, or start it "
+                         "through SkyPilot or Slurm, which set theirs (docs/gpu.md, Several machines)")
+    if machine.count not in (None, num_machines) or machine.rank >= num_machines:
+        raise UsageError(f"the {machine.source} environment says machine {machine.rank} of {machine.count or '?'}, but "
+                         f"the card's distributed.num_machines is {num_machines}: start as many machines as the card "
+                         f"says, ranks 0 to {num_machines - 1} (or change the card)")
+    return machine
+
+
 def slurm_hosts(nodelist: str) -> list[str]:
     """The hosts of a Slurm node list, in order: `scontrol show hostnames` where Slurm is installed, else the
     compact form expanded here (`node[01-04,07],gpu2` → node01 … node04, node07, gpu2; zero padding kept).

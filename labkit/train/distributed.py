@@ -27,8 +27,8 @@ import yaml
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
-from labkit.core.machines import Machine, this_machine
-from labkit.errors import CardError, UsageError
+from labkit.core.machines import Machine, machine_of_run
+from labkit.errors import CardError
 from labkit.model.loading import profile_of
 from labkit.model.placement import decide
 
@@ -100,19 +100,11 @@ def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: 
     Returns:
         the command.
     Raises:
-        UsageError: several machines, and the environment gives no head address or a rank or count that does not fit.
+        UsageError: several machines, and the environment names no head, or a rank or count the card does not have.
     """
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     if num_machines > 1:
-        machine = machine or this_machine()
-        if machine.head is None:
-            raise UsageError(f"this run spans {num_machines} machines but the environment names no head machine: set "
-                             "MASTER_ADDR (and NODE_RANK, MASTER_PORT) on every machine, or start it through SkyPilot "
-                             "or Slurm, which set theirs (docs/gpu.md, Several machines)")
-        if machine.count not in (None, num_machines) or machine.rank >= num_machines:
-            raise UsageError(f"the {machine.source} environment says machine {machine.rank} of {machine.count or '?'}, "
-                             f"but the card's distributed.num_machines is {num_machines}: start as many machines as "
-                             "the card says (or change the card)")
+        machine = machine or machine_of_run(num_machines)
         command += ["--num_machines", str(num_machines), "--machine_rank", str(machine.rank),
-                    "--main_process_ip", machine.head, "--main_process_port", str(machine.port)]
+                    "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port)]
     return command + ["-m", "labkit.cli.worker", "train", str(run_dir)]
