@@ -29,8 +29,6 @@ from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.machines import Machine, join_timeout, machine_of_run, reachable
 from labkit.errors import MissingInput, RunStateError, StageFailed, UsageError
-from labkit.stages.records import ACCELERATE_CONFIG, OUTCOME
-from labkit.train.distributed import launch_command
 
 POLL_SECONDS = 0.5
 
@@ -167,6 +165,9 @@ def join_run(run_id: str, root: Path) -> int:
 
 
 def _join(run: R.Run, n: int, machine: Machine, timeout: float, log: TextIO) -> int:
+    from labkit.stages.records import ACCELERATE_CONFIG, OUTCOME  # the model layers: only once there is a run to join
+    from labkit.train.distributed import launch_command
+
     def say(line: str) -> None:
         print(line, flush=True)
         log.write(line + "\n")
