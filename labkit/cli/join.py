@@ -28,7 +28,7 @@ from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.core.machines import Machine, join_timeout, machine_of_run, reachable
-from labkit.errors import MissingInput, RunStateError, StageFailed, UsageError
+from labkit.errors import LabkitError, MissingInput, RunStateError, StageFailed, StageInterrupted, UsageError
 
 POLL_SECONDS = 0.5
 
@@ -161,7 +161,15 @@ def join_run(run_id: str, root: Path) -> int:
     log_path = run.dir / "logs" / f"machine-{machine.rank}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a", encoding="utf-8") as log:
-        return _join(run, n, machine, timeout, log)
+        try:
+            return _join(run, n, machine, timeout, log)
+        except KeyboardInterrupt:
+            log.write("labkit: interrupted while joining (nothing recorded in the run)\n")
+            raise StageInterrupted(f"joining {run.experiment}/{run.run_id} interrupted: nothing was recorded in the run; "
+                                   "the head records its own state") from None
+        except LabkitError as exc:
+            log.write(f"labkit: error: {exc}\n")  # the log says why this machine stopped
+            raise
 
 
 def _join(run: R.Run, n: int, machine: Machine, timeout: float, log: TextIO) -> int:
