@@ -88,5 +88,45 @@ def test_join_refusals_are_one_line(tmp_path: Path) -> None:
     for args, words in cases.items():
         done, _ = _join(runs, *args, MASTER_PORT=str(_free_port()))
         assert done.returncode == 2 and len(_lines(done)) == 1 and words in _lines(done)[0], (args, _lines(done))
-    head, _ = _join(runs, "--join", "r-closed", NODE_RANK="0", MASTER_PORT=str(_free_port()))
+    run = runs / "smoke" / "r-closed"
+    head, _ = _join(runs, "--join", str(run), NODE_RANK="0", MASTER_PORT=str(_free_port()))  # the folder's path
     assert head.returncode == 2 and "this machine is rank 0" in _lines(head)[-1], _lines(head)
+
+
+def test_a_head_whose_run_failed_before_training_is_not_waited_for_past_the_timeout(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    run = _fake_head_run(runs, tmp_path)
+    status = json.loads((run / "status.json").read_text())
+    status.update(status="failed", stages={"parameter_check": {"status": "failed"}})
+    (run / "status.json").write_text(json.dumps(status))
+    done, seconds = _join(runs, "--join", "r-closed", MASTER_PORT=str(_free_port()))
+    assert done.returncode == 2 and seconds < 30, done.stdout + done.stderr
+    assert "did not start stage 04 (its status: failed) and showed no sign of life for 2 s" in _lines(done)[-1]
+
+
+def test_run_id_resumes_an_unfinished_run_and_only_the_head_starts_one(tmp_path: Path) -> None:
+    """`labkit run CARD --run-id ID` again (a managed job's recovery): the existing run is resumed, never a second
+    one made; the card must be the run's; a machine whose environment says rank 1 is told to join instead."""
+    from labkit.core import runs as R
+
+    runs = tmp_path / "runs"
+    card = tmp_path / "one.yaml"
+    card.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\n")
+    run = R.new_run(load_card(card), runs, run_id="named-1")
+    assert run.dir == runs / "smoke" / "named-1"
+    status = json.loads(run.status_path.read_text())
+    status.update(status="interrupted", stages={s: {"status": "done"} for s in R.STAGES})
+    run.status_path.write_text(json.dumps(status))
+    again, _ = _join(runs, str(card), "--run-id", "named-1", NODE_RANK="0", MASTER_PORT=str(_free_port()))
+    assert again.returncode == 2 and "named-1 is interrupted: nothing to resume" in _lines(again)[-1], _lines(again)
+    edited = tmp_path / "edited.yaml"
+    edited.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\ntrain: {{lr: 1.0e-3}}\n")
+    other, _ = _join(runs, str(edited), "--run-id", "named-1", NODE_RANK="0", MASTER_PORT=str(_free_port()))
+    assert other.returncode == 2 and "is not the card run named-1 started with" in _lines(other)[-1], _lines(other)
+    assert len(list((runs / "smoke").iterdir())) == 1
+    two = tmp_path / "two.yaml"
+    two.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\ntrain: {{micro_batch: 2}}\ndistributed: "
+                   "{launcher: accelerate, strategy: ddp, num_processes: 2, num_machines: 2}\n")
+    worker, _ = _join(runs, str(two), "--run-id", "named-2", MASTER_PORT=str(_free_port()))  # NODE_RANK=1
+    assert worker.returncode == 2 and "only the head (rank 0) runs" in _lines(worker)[-1], _lines(worker)
+    assert not (runs / "smoke" / "named-2").exists()
