@@ -14,8 +14,9 @@ The rules, read against transformers 5.24, TRL 1.16 and labkit's own trainer and
 - train.save_steps with train.early_stopping: every evaluation is then the checkpoint (save_steps = eval_steps,
   so the best one can be restored); another save_steps is overridden.
 - train.eval_steps beyond train.max_steps: no validation pass would run (nor early stopping).
-- distributed.fsdp_state_dict other than full without strategy fsdp; distributed.num_machines, machine_rank,
-  main_process_ip and main_process_port with launcher none: read only by the launcher they belong to.
+- distributed.fsdp_state_dict other than full without strategy fsdp; distributed.num_machines with launcher none:
+  read only by the launcher they belong to. distributed.machine_rank, main_process_ip and main_process_port: retired
+  (the launcher's environment says them on each machine, labkit.core.machines); an archived card's defaults load.
 - train.packing with DeepSpeed ZeRO-3: labkit checks, before training, that packed examples do not attend to each
   other (a forward pass of the whole model); ZeRO-3 partitions the weights when the model loads, so no process can
   run it (fix: zero_stage 2, strategy fsdp, whose rank 0 holds the whole model, or packing off). Unlike the others
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import Callable
 
 from labkit.card.experiment_and_data import Split, TargetFormat
-from labkit.card.schema import Card
+from labkit.card.schema import Card, Distributed
 from labkit.errors import CardError
 
 Problem = tuple[str, str]  # (dotted key, what is wrong and the fix)
@@ -66,22 +67,27 @@ def eval_steps_past_the_end(card: Card) -> Problem | None:
     return None
 
 
+# the keys that left the card (issue 26) → what now says it, read by labkit.core.machines on every machine
+RETIRED = {"machine_rank": "which machine this is", "main_process_ip": "the head machine's address",
+           "main_process_port": "the head machine's port"}
+ENVIRONMENT = ("SKYPILOT_NODE_RANK / SKYPILOT_NODE_IPS, or SLURM_NODEID / SLURM_JOB_NODELIST, or NODE_RANK / "
+               "MASTER_ADDR / MASTER_PORT; LABKIT_MASTER_PORT sets the port")
+
+
 def launcher_keys(card: Card) -> Problem | None:
     """Distributed keys that only another launcher or strategy reads."""
     d = card.distributed
     if d.fsdp_state_dict != "full" and d.strategy != "fsdp":
         return ("distributed.fsdp_state_dict", f"{d.fsdp_state_dict} applies to strategy fsdp only (this card: "
                 f"{d.strategy}); remove it, or set distributed.strategy: fsdp")
-    if d.launcher == "none":
-        for key, unused in (("num_machines", d.num_machines != 1), ("machine_rank", d.machine_rank != 0),
-                            ("main_process_ip", d.main_process_ip is not None),
-                            ("main_process_port", d.main_process_port is not None)):
-            if unused:
-                return (f"distributed.{key}", "read only by `accelerate launch`, and this card trains in the stage's "
-                        "own process (launcher none); remove it, or set distributed.launcher: accelerate with a strategy")
-    if d.machine_rank >= d.num_machines:
-        return ("distributed.machine_rank", f"{d.machine_rank} is not a rank of {d.num_machines} machine(s) (0 to "
-                f"{d.num_machines - 1}); set this machine's rank")
+    for key, variables in RETIRED.items():
+        if getattr(card.distributed, key) != Distributed.model_fields[key].default:
+            return (f"distributed.{key}", f"no longer a card key: every machine of a run shares the card, and "
+                    f"{variables} comes from the environment its launcher sets on each machine ({ENVIRONMENT}); remove "
+                    "it (a run on several machines sets distributed.num_machines with launcher: accelerate)")
+    if d.launcher == "none" and d.num_machines != 1:
+        return ("distributed.num_machines", "read only by `accelerate launch`, and this card trains in the stage's "
+                "own process (launcher none); remove it, or set distributed.launcher: accelerate with a strategy")
     return None
 
 

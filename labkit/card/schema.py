@@ -190,18 +190,17 @@ class Distributed(Strict):
     strategy: Literal["none", "ddp", "fsdp", "deepspeed"] = Field(
         default="none", description="ddp replicates the model on every process; fsdp shards weights, gradients and "
         "optimiser states across them; deepspeed: ZeRO (zero_stage) through accelerate (pip install 'labkit[deepspeed]')")
-    zero_stage: Literal[2, 3] = Field(default=2, description="deepspeed: 2 shards gradients and optimiser states, 3 "
-                                      "the weights too")
-    offload: Literal["none", "cpu"] = Field(default="none", description="deepspeed: optimiser states (and with "
-                                            "zero_stage 3 the weights) in CPU memory")
+    zero_stage: Literal[2, 3] = Field(default=2, description="deepspeed: 2 shards gradients, optimiser states; 3 weights too")
+    offload: Literal["none", "cpu"] = Field(default="none", description="deepspeed: optimiser states (3: weights) in CPU RAM")
     fsdp_state_dict: Literal["full", "sharded"] = Field(
         default="full", description="fsdp: full = the adapter / model gathered from every rank and written once by "
         "rank 0 (loadable as is); sharded = each rank writes its shard (faster, needs accelerate merge-weights)")
-    num_processes: int = Field(default=1, ge=1, description="processes in all (GPUs, or CPU processes with gloo)")
-    num_machines: int = Field(default=1, ge=1)
-    machine_rank: int = Field(default=0, ge=0)
-    main_process_ip: str | None = Field(default=None, description="multi-node: the rank-0 machine's address")
-    main_process_port: int | None = Field(default=None, ge=1, le=65535)
+    num_processes: int = Field(default=1, ge=1, description="processes over all machines (a multiple of num_machines)")
+    num_machines: int = Field(default=1, ge=1, description="machines of one run (rank, head: labkit.core.machines)")
+    # retired (issue 26: from the environment): out of dumps; archived cards hold these defaults, others are refused
+    machine_rank: int = Field(default=0, ge=0, exclude=True)
+    main_process_ip: str | None = Field(default=None, exclude=True)
+    main_process_port: int | None = Field(default=None, exclude=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> "Distributed":
@@ -211,8 +210,9 @@ class Distributed(Strict):
             raise ValueError("num_processes > 1 needs launcher: accelerate")
         if self.strategy != "deepspeed" and (self.zero_stage != 2 or self.offload != "none"):
             raise ValueError("zero_stage and offload are deepspeed keys: remove them, or set strategy: deepspeed")
-        if self.num_machines > 1 and not self.main_process_ip:
-            raise ValueError("num_machines > 1 needs main_process_ip (and main_process_port)")
+        if self.launcher != "none" and self.num_processes % self.num_machines:
+            raise ValueError(f"num_processes {self.num_processes} is not a multiple of num_machines "
+                             f"{self.num_machines}: set it to processes per machine × machines")
         return self
 
 

@@ -70,11 +70,20 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`labkit run CARD… | --resume RUN_ID`: 0 when every card's run completed, else the worst failure's code (1 a
+    """`labkit run CARD… [--run-id ID] | --resume RUN_ID | --join ID`: 0 when every card's run completed, else the worst failure's code (1 a
     stage failed on valid input, 2 bad input found inside a stage)."""
     from labkit.cli.runner import load_all, resume_run, run_replicates
     from labkit.cli.summary import verdict_summary
 
+    if args.join:  # a machine other than the head of a run on several machines (labkit.cli.join)
+        from labkit.cli.join import join_run
+
+        if args.cards or args.resume or args.run_id or args.restart_training:
+            raise UsageError("labkit run --join ID takes no card, --resume, --run-id or --restart-training (the head's "
+                             "run says what to train)")
+        return join_run(args.join, _root(args))
+    if args.run_id and (args.resume or len(args.cards) != 1):
+        raise UsageError("--run-id names one new run (or the run to continue): give exactly one card, without --resume")
     if args.resume:
         if args.cards:
             raise UsageError("labkit run --resume RUN_ID takes no cards (the run's archived card is used)")
@@ -89,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code, ends = 0, []
     for loaded in cards:
         try:
-            runs = run_replicates(loaded, _root(args, loaded.path.parent), nb_dir)  # experiment.replicates runs
+            runs = run_replicates(loaded, _root(args, loaded.path.parent), nb_dir, run_id=args.run_id)
             ends += [verdict_summary(run) for run in runs]
         except LabkitError as exc:  # report, go on with the next card
             print(f"labkit: error: {exc}", file=sys.stderr)

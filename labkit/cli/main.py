@@ -107,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
                      "stage (training from its newest checkpoint), in this process")
     run.add_argument("--restart-training", action="store_true", help="with --resume: when training ran before but no "
                      "usable checkpoint is left, start it again from step 1 (the earlier history is kept beside it)")
+    run.add_argument("--run-id", metavar="ID", help="the new run's id (default: variant-time-hash); when run ID exists "
+                     "and is not completed, it is resumed (the same command again after a machine was lost); the head "
+                     "of a run on several machines")
+    run.add_argument("--join", metavar="ID", help="on a machine other than the head (rank from NODE_RANK, "
+                     "SLURM_NODEID or SKYPILOT_NODE_RANK): join run ID's training (a run id or folder) in the shared "
+                     "runs folder, waiting up to LABKIT_JOIN_TIMEOUT seconds (600) for it and for the head")
     run.add_argument("--notebooks", help="folder of the stage notebooks (default: <project>/notebooks)")
     run.set_defaults(func=commands.cmd_run)
     check = sub.add_parser("check", help="every check that needs only the card: parent, diff, data section, model "

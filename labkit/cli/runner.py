@@ -19,7 +19,7 @@ from labkit.core.heartbeat import is_dead, start_heartbeat
 from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV, FILE as PROGRESS_FILE, stage_seconds
 from labkit.core.replicates import Replicate, replicates
-from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted
+from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted, UsageError
 from labkit.experiment.tracking import mirror_safely, restore_env
 from labkit.model.card_check import check_card
 from labkit.stages import records
@@ -153,8 +153,9 @@ def refresh_report(run: R.Run, log: Callable[[str], None] = print) -> Path | Non
 
 
 def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ...] = R.STAGES,
-             log: Callable[[str], None] = _say, replicate: Replicate | None = None) -> R.Run:
-    """Run the stages of one card in a new run folder.
+             log: Callable[[str], None] = _say, replicate: Replicate | None = None, run_id: str | None = None) -> R.Run:
+    """Run the stages of one card in a new run folder (or, given a run id that exists and is not completed, resume
+    it: the same command again after a machine was lost).
 
     Args:
         loaded: the validated card.
@@ -163,6 +164,7 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
         stages: which stages, in order.
         log: where progress lines go.
         replicate: which replicate of the card (`run_replicates` passes each), or None.
+        run_id: the run's id (`--run-id`; default: generated). The head of a run on several machines runs this.
     Returns:
         the completed Run.
     Raises:
@@ -171,8 +173,18 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     """
     from labkit.core.environment import capture
 
+    from labkit.cli.join import check_head
+
     check_card(loaded, root)  # before anything is created
-    run = R.new_run(loaded, root, mode="batch", replicate=replicate)
+    check_head(loaded.card)  # several machines: this one is the head, and the environment names it
+    folder = root / loaded.card.experiment.id / R.check_run_id(run_id) if run_id else None
+    if folder is not None and (folder / "status.json").is_file():  # the same command again: the run goes on
+        R.check_archived_card(R.Run(folder), loaded)
+        if R.Run(folder).status().get("status") == "completed":
+            log(f"run {loaded.card.experiment.id}/{run_id} is already completed: nothing to do → {folder}")
+            return R.Run(folder)
+        return resume_run(str(folder), root, nb_dir, log)
+    run = R.new_run(loaded, root, mode="batch", replicate=replicate, run_id=run_id)
     io.write_json(run.dir / "env.json", capture())
     log(f"run {run.experiment}/{run.run_id}" + (f" (replicate {replicate['index']}/{replicate['of']}, seed "
                                                f"{replicate['seed']})" if replicate else ""))
@@ -180,14 +192,18 @@ def run_card(loaded: LoadedCard, root: Path, nb_dir: Path, stages: tuple[str, ..
     return run
 
 
-def run_replicates(loaded: LoadedCard, root: Path, nb_dir: Path, log: Callable[[str], None] = _say) -> list[R.Run]:
+def run_replicates(loaded: LoadedCard, root: Path, nb_dir: Path, log: Callable[[str], None] = _say,
+                   run_id: str | None = None) -> list[R.Run]:
     """`run_card` once, or once per replicate (`experiment.replicates`: seeds train.seed + 0 … k-1, a run folder each,
     stage 01's baseline reused from the experiment's cache; a failed replicate stops the later ones).
 
     Returns: the completed runs, in seed order.
     """
     reps = replicates(loaded.card) if loaded.card.experiment.replicates > 1 else [None]
-    return [run_card(loaded, root, nb_dir, log=log, replicate=rep) for rep in reps]
+    if run_id and len(reps) > 1:
+        raise UsageError(f"--run-id names one run, and {loaded.path} has experiment.replicates {len(reps)}: run it "
+                         "without --run-id (or one replicate per card)")
+    return [run_card(loaded, root, nb_dir, log=log, replicate=rep, run_id=run_id) for rep in reps]
 
 
 def check_training_restart(run: R.Run, restart: bool) -> None:

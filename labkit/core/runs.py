@@ -8,6 +8,7 @@ file-locked, one line per status change, so failed and interrupted runs are neve
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass
@@ -91,7 +92,8 @@ class Run:
         return read_json(self.status_path)
 
 
-def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Replicate | None = None) -> Run:
+def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Replicate | None = None,
+            run_id: str | None = None) -> Run:
     """Create a run folder with the archived card, its diff and status, and register it.
 
     Args:
@@ -101,6 +103,8 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Repl
         replicate: which replicate of the card this run is (`labkit.core.replicates`): its replicate.json, and
             its index, count and seed in status.json and the registry's `started` event; None for a run of a card
             without replicates.
+        run_id: the run's id, chosen by the caller (`labkit run CARD --run-id ID`: every machine of a run and every
+            recovery of a managed job name the same run); default: variant, time and card hash.
     Returns:
         the Run.
     Callers check the experiment's protocol first (`labkit.core.protocol.check_protocol`).
@@ -110,9 +114,14 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Repl
     base = f"{card.experiment.variant}-{stamp}-{loaded.hash}"
     folder = root / card.experiment.id / base
     n = 1
-    while folder.exists():
+    while folder.exists() and run_id is None:
         n += 1
         folder = root / card.experiment.id / f"{base}.{n}"
+    if run_id is not None:
+        folder = root / card.experiment.id / check_run_id(run_id)
+        if folder.exists():
+            raise RunStateError(f"{folder} exists: run id {run_id} is taken; resume it (`labkit run --resume {run_id}`) "
+                                "or choose another id")
     folder.mkdir(parents=True)
     (folder / RESERVE).write_bytes(b"\0" * RESERVE_BYTES)
     run = Run(folder)
@@ -130,6 +139,21 @@ def new_run(loaded: LoadedCard, root: Path, mode: str = "batch", replicate: Repl
         "created": utc_now(), "stages": {}, "pid": os.getpid(), "host": socket.gethostname()})
     record(run, "started", status="running", mode=mode, card_source=str(loaded.path), card_hash=loaded.hash, **seeds)
     return run
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id given on the command line: a folder name of letters, digits, `.`, `_` and `-`, not starting with a
+    dot or an underscore (the experiment's own folders), at most 128 characters.
+
+    Returns:
+        the run id.
+    Raises:
+        UsageError: one line with the rule.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", run_id or ""):
+        raise UsageError(f"--run-id {run_id!r}: a run id is a folder name of letters, digits, '.', '_' and '-' "
+                         "(starting with a letter or digit, at most 128 characters)")
+    return run_id
 
 
 def card_values(loaded: LoadedCard) -> dict[str, Any]:

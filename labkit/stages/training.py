@@ -142,7 +142,7 @@ def _launch(stage: Stage) -> None:
     """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers."""
     config = stage.path(ACCELERATE_CONFIG)
     io.write_atomic(config, accelerate_config(stage.card, stage.device))
-    command = launch_command(config, stage.run.dir)
+    command = launch_command(config, stage.run.dir, stage.card.distributed.num_machines)  # rank, head: environment
     print("$ " + " ".join(command), flush=True)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, "LABKIT_WORKER": "1"})

@@ -33,6 +33,7 @@ import yaml
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
+from labkit.core.machines import Machine, machine_of_run
 from labkit.errors import CardError
 from labkit.model.loading import profile_of
 from labkit.model.placement import decide
@@ -65,15 +66,11 @@ def accelerate_config(card: Card, device: str, profile: DeviceProfile | None = N
     mixed = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no") if device == "cuda" else "no"
     config: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "num_processes": d.num_processes,
-        "num_machines": d.num_machines, "machine_rank": d.machine_rank, "mixed_precision": mixed,
+        "num_machines": d.num_machines, "machine_rank": 0, "mixed_precision": mixed,  # rank, head: launch_command
         "main_training_function": "main", "rdzv_backend": "static", "same_network": True,
         "gpu_ids": "all", "use_cpu": False, "downcast_bf16": "no", "tpu_env": [], "tpu_use_cluster": False,
         "tpu_use_sudo": False,
     }
-    if d.main_process_ip:
-        config["main_process_ip"] = d.main_process_ip
-    if d.main_process_port:
-        config["main_process_port"] = d.main_process_port
     if d.strategy == "ddp":
         config["distributed_type"] = "MULTI_GPU"
     elif d.strategy == "deepspeed":
@@ -99,7 +96,23 @@ def accelerate_config(card: Card, device: str, profile: DeviceProfile | None = N
     return yaml.safe_dump(config, sort_keys=True)
 
 
-def launch_command(config: Path, run_dir: Path) -> list[str]:
-    """The `accelerate launch` command line that trains `run_dir` with `config`."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-            "-m", "labkit.cli.worker", "train", str(run_dir)]
+def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: Machine | None = None) -> list[str]:
+    """The `accelerate launch` command line that trains `run_dir` with `config` on this machine.
+
+    Args:
+        config: the accelerate config (`accelerate_config`).
+        run_dir: the run folder.
+        num_machines: the card's `distributed.num_machines`; above 1 this machine's rank and the head's address and
+            port are passed as arguments, from the launcher's environment (`labkit.core.machines`).
+        machine: this machine (default: read from the environment).
+    Returns:
+        the command.
+    Raises:
+        UsageError: several machines, and the environment names no head, or a rank or count the card does not have.
+    """
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    if num_machines > 1:
+        machine = machine or machine_of_run(num_machines)
+        command += ["--num_machines", str(num_machines), "--machine_rank", str(machine.rank),
+                    "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port)]
+    return command + ["-m", "labkit.cli.worker", "train", str(run_dir)]

@@ -91,3 +91,58 @@ def test_sigterm_under_ddp_checkpoints_every_worker_and_resumes(ddp_run: Path) -
     resumed = labkit("run", "--resume", run.name, runs=run.parent.parent)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert _losses(run) == _losses(ddp_run)
+
+
+def test_two_machines_make_one_run_with_the_one_machine_loss_curve(ddp_run: Path, tmp_path: Path) -> None:
+    """Two "machines" on this host (1 CPU process each, rendezvous on 127.0.0.1, one shared runs folder): the head
+    `labkit run CARD --run-id ID`, the other `labkit run --join ID`, started together → one run, one registry
+    `started` line, one outcome.json of world size 2, and the loss curve of the same card on one machine."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    card = tmp_path / "smoke-2machines.yaml"
+    card.write_text(yaml.safe_dump({
+        "parent": str(REPO / "params" / "smoke.yaml"), "experiment": {"variant": "tiny-lora-2machines"},
+        "train": {"micro_batch": 2},
+        "distributed": {"launcher": "accelerate", "strategy": "ddp", "num_processes": 2, "num_machines": 2}}))
+    runs = tmp_path / "runs"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SKYPILOT_"))}
+    env.update(LABKIT_RUNS=str(runs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LABKIT_JOIN_TIMEOUT="300")
+
+    def start(rank: int, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "labkit", "run", *args], cwd=REPO, text=True,
+                                env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    joiner = start(1, "--join", "two-machines")  # first: it waits for the head's run folder
+    head = start(0, str(card), "--run-id", "two-machines")
+    head_out, _ = head.communicate(timeout=900)
+    join_out, _ = joiner.communicate(timeout=300)
+    assert head.returncode == 0, head_out
+    assert joiner.returncode == 0, join_out
+    assert join_out.strip().splitlines()[-1].startswith("joined smoke/two-machines: training done, 8 steps on 2 "
+                                                         "processes"), join_out
+    (run,) = [p for p in (runs / "smoke").iterdir() if not p.name.startswith("_")]
+    assert run.name == "two-machines"
+    registry = [json.loads(line) for line in (runs / "registry.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in registry].count("started") == 1 and {e["run_id"] for e in registry} == {run.name}
+    assert not any(e["event"] == "resumed" for e in registry)
+    outcome = json.loads((run / "training" / "outcome.json").read_text())
+    assert outcome["world_size"] == 2 and outcome["steps"] == 8
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "completed" and status["pid"] == head.pid
+    # the joining machine wrote its log (and its processes their share of each checkpoint), nothing of the run's record
+    assert sorted(p.name for p in run.glob("env*.json")) == ["env.json"]
+    assert "joined smoke/two-machines" in (run / "logs" / "machine-1.log").read_text()
+    assert sorted(p.name for p in (run / "logs").iterdir() if p.name.startswith("machine-")) == ["machine-1.log"]
+    one_machine, two_machines = _losses(ddp_run), _losses(run)
+    assert one_machine.keys() == two_machines.keys() and len(two_machines) >= 4
+    for step, loss in one_machine.items():  # the same global batch on 2 processes: equal up to summation order
+        assert abs(two_machines[step] - loss) <= 1e-5 * abs(loss), (step, loss, two_machines[step])
+    again = subprocess.run([sys.executable, "-m", "labkit", "run", str(card), "--run-id", "two-machines"], cwd=REPO,
+                           text=True, env={**env, "NODE_RANK": "0"}, capture_output=True, timeout=300)
+    assert again.returncode == 0 and "is already completed: nothing to do" in again.stdout, again.stdout + again.stderr

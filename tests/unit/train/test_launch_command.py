@@ -1,0 +1,46 @@
+"""Each machine's `accelerate launch` line: one machine passes nothing about machines; on several, this machine's
+rank and the head's address and port come from the launcher's environment (labkit.core.machines), not the card."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from labkit.core.machines import Machine
+from labkit.errors import UsageError
+from labkit.train.distributed import launch_command
+
+CONFIG, RUN = Path("/runs/x/training/accelerate_config.yaml"), Path("/runs/x/r1")
+
+
+def _after(command: list[str], flag: str) -> str:
+    return command[command.index(flag) + 1]
+
+
+def test_one_machine_passes_no_machine_arguments() -> None:
+    command = launch_command(CONFIG, RUN)
+    assert command[-4:] == ["-m", "labkit.cli.worker", "train", str(RUN)] and _after(command, "--config_file") == str(CONFIG)
+    assert not any(a.startswith(("--machine_rank", "--main_process")) for a in command)
+
+
+def test_several_machines_pass_rank_and_head_from_the_environment() -> None:
+    command = launch_command(CONFIG, RUN, 2, Machine(1, 2, "10.1.2.3", 29444, "slurm"))
+    assert [_after(command, f) for f in ("--num_machines", "--machine_rank", "--main_process_ip",
+                                         "--main_process_port")] == ["2", "1", "10.1.2.3", "29444"]
+    assert command.index("--main_process_port") < command.index("labkit.cli.worker")  # launcher's flags, not the worker's
+    saved = {k: os.environ.pop(k) for k in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "LABKIT_MASTER_PORT")
+             if k in os.environ}
+    os.environ.update(NODE_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29511")
+    try:
+        read = launch_command(CONFIG, RUN, 2)  # read from os.environ
+        assert [_after(read, "--machine_rank"), _after(read, "--main_process_ip"), _after(read, "--main_process_port")] \
+            == ["1", "127.0.0.1", "29511"]
+        del os.environ["MASTER_ADDR"]
+        with pytest.raises(UsageError, match="names no head machine"):
+            launch_command(CONFIG, RUN, 2)
+    finally:
+        for k in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(k, None)
+        os.environ.update(saved)
