@@ -211,7 +211,9 @@ def estimate_layout(card: Card, card_path: Any, gpu_memory_gib: float, capabilit
     got = estimate_card(card, card_path, gpu_memory_gib, capability, seq_len, config_path, name=name)
     layout = layout or layout_of(card)
     config = estimate_config(card, card_path, config_path)
-    profile, free, est = gpu_profile(gpu_memory_gib, capability, name=name), gpu_memory_gib * GIB, got["estimate"]
+    d = card.distributed
+    count = max(layout["per_machine"], d.num_processes // d.num_machines)  # a machine of them, one GPU each
+    profile, free, est = gpu_profile(gpu_memory_gib, capability, count, name), gpu_memory_gib * GIB, got["estimate"]
     same = layout == layout_of(card)
     verdict = got["verdict"] if same and layout["id"] in ("single", "ddp") else \
         layout_verdict(config, card, got["seq_len"], free, profile, layout, True, est)

@@ -219,7 +219,8 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
     Returns:
         {"device", "decisions", "seq_len", "estimate", "verdict", "largest_micro_batch": {"plain", "checkpointing"}}.
     """
-    profile = gpu_profile(gpu_memory_gib, capability, name=name)
+    d = card.distributed  # a machine of the card's processes (one GPU each)
+    profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines), name=name)
     made = decide(card, profile, world_size=1, kernels={})
     config = estimate_config(card, card_path, config_path)
     seq_len = seq_len or card.data.max_length
