@@ -5,10 +5,12 @@ does not fit one GPU is told the fewest GPUs and the layout that fit."""
 from __future__ import annotations
 
 import pytest
+import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
 from labkit.card.update import updated
+from labkit.cli.main import main
 from labkit.errors import UsageError
 from labkit.preflight.gpus import GPUS, gpu_named
 from labkit.preflight.layouts import fitting_layout, layout_of, layout_verdict, per_gpu
@@ -135,3 +137,38 @@ def test_scaling_efficiency_is_assumed_until_measured() -> None:
     card = updated(load_card(EXAMPLE).card, {"train.max_steps": None})  # one epoch of micro-batch 4 × grad_accum 4
     assert parallel_steps(card, 1000, 1) == 63 and parallel_steps(card, 1000, 4) == 16  # ceil(ceil(1000/16)/4)
     assert parallel_steps(updated(card, {"train.max_steps": 30}), 1000, 4) == 30
+
+
+def _gib(out: str, term: str) -> list[float]:
+    return [float(line.split()[-2]) for line in out.splitlines() if line.strip().startswith(term + " ")]
+
+
+def test_labkit_estimate_on_two_machines(capsys: pytest.CaptureFixture, tmp_path) -> None:
+    assert main(["estimate", str(EXAMPLE), "--gpu", "L4", "--processes", "2", "--machines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "device: 1 × L4 (cuda, sm_89, 22 GiB each): weights bfloat16" in out
+    assert "per GPU under ddp (replicated), 2 processes on 2 machines (1 per machine):" in out
+    one, each = _gib(out, "weights (4-bit)")
+    assert one == each > 3  # ddp: everything replicated
+    assert "DDP gradient buckets" in out and "verdict per GPU: fits: fits with" in out
+    assert ("training time: an epoch's steps ÷ 2 processes, each step ÷ 0.8 scaling efficiency (assumed, across "
+            "machines") in out
+    assert main(["estimate", str(EXAMPLE), "--gpu", "L4", "--processes", "4", "--machines", "2",
+                 "--strategy", "zero3_offload"]) == 0
+    out = capsys.readouterr().out
+    assert "per GPU under deepspeed ZeRO-3, optimiser and weights offload to CPU, 4 processes on 2 machines" in out
+    assert _gib(out, "weights (4-bit)") == [one] and "gathered layer (whole)" in out  # weights on the host
+    assert "host memory per machine (CPU offload: optimiser states, weights (frozen), weights (4-bit), trainable " \
+           "parameters):" in out and "for its 2 process(es)" in out
+    # a full fine-tune of the 8B model does not fit one A100 40 GB: the fewest GPUs that do, and how
+    full = tmp_path / "full.yaml"
+    resolved = load_card(EXAMPLE).resolved
+    full.write_text(yaml.safe_dump({**resolved, "method": {"kind": "full"},
+                                    "train": {**resolved["train"], "optimizer": "adamw"}}))
+    config = EXAMPLE.parent / "configs" / "meta-llama--Meta-Llama-3-8B-Instruct.json"
+    assert main(["estimate", str(full), "--gpu", "A100", "--config", str(config)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: does not fit" in out and "fits with fsdp on 2× A100: " in out
+    assert main(["estimate", str(EXAMPLE), "--gpu", "L4", "--processes", "3", "--machines", "2"]) == 2
+    assert capsys.readouterr().err.strip().endswith("must be a positive multiple of the machines (e.g. --processes 4 "
+                                                    "--machines 2)")
