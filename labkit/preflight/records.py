@@ -137,6 +137,8 @@ class TimePlan(TypedDict):
     train_tokens: int
     packed: bool
     rejected_answers: RejectedAnswersPlan | None
+    processes: int  # data-parallel processes (distributed.num_processes)
+    scaling_efficiency: float  # assumed (labkit.preflight.scaling); 1.0 for one process
     total_seconds: float
 
 
