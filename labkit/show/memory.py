@@ -94,7 +94,8 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     Returns:
         the line.
     """
-    profile = gpu_profile(gpu_memory_gib, capability)
+    d = card.distributed  # a machine of the card's processes, as `estimate_card` sizes it
+    profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines))
     need = export_estimate(estimate_config(card, card_path, config_path), card, sized["seq_len"], profile)
     margins = sum(sized["verdict"]["overheads"].values())
     total = need["peak_bytes"] + margins
