@@ -204,7 +204,8 @@ def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1, name
 
 
 def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability: str = "8.0",
-                  seq_len: int | None = None, config_path: str | None = None, name: str | None = None) -> dict[str, Any]:
+                  seq_len: int | None = None, config_path: str | None = None,
+                  name: str | None = None) -> dict[str, Any]:
     """Size a card for a GPU of `gpu_memory_gib` before renting it: the step estimate, the verdict, the largest
     micro-batch that fits (with and without activation checkpointing) — from the model's config on the meta device.
 

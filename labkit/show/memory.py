@@ -128,7 +128,8 @@ def layout_lines(sized: dict[str, Any], gpu: str, gpu_memory_gib: float) -> list
     if layout["id"] != "single":
         lines.append(f"per GPU under {layout_text(layout)}:")
         lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB" for term, value in each["breakdown"].items() if value]
-        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)" for term, value in verdict["overheads"].items()]
+        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)"
+                  for term, value in verdict["overheads"].items()]
         lines.append(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
         if each["host_breakdown"]:
             moved = ", ".join(label(k) for k in each["host_breakdown"])
