@@ -169,6 +169,14 @@ def test_labkit_estimate_on_two_machines(capsys: pytest.CaptureFixture, tmp_path
     assert main(["estimate", str(full), "--gpu", "A100", "--config", str(config)]) == 1
     out = capsys.readouterr().out
     assert "verdict: does not fit" in out and "fits with fsdp on 2× A100: " in out
+    # a card of 2 processes on one machine is sized on a machine of 2 GPUs (the export line too)
+    ddp = tmp_path / "ddp.yaml"
+    ddp.write_text(yaml.safe_dump({**resolved, "distributed": {"launcher": "accelerate", "strategy": "ddp",
+                                                               "num_processes": 2}}))
+    assert main(["estimate", str(ddp), "--gpu", "L4", "--config", str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "device: 2 × L4 (cuda, sm_89, 22 GiB each)" in out and "export (bfloat16 merge" in out
+    assert "per GPU under ddp (replicated), 2 processes on one machine:" in out
     assert main(["estimate", str(EXAMPLE), "--gpu", "L4", "--processes", "3", "--machines", "2"]) == 2
     assert capsys.readouterr().err.strip().endswith("must be a positive multiple of the machines (e.g. --processes 4 "
                                                     "--machines 2)")
