@@ -56,7 +56,8 @@ def layout_of(card: Card, processes: int | None = None, machines: int | None = N
         UsageError: processes not a multiple of machines, or an unknown strategy.
     """
     d = card.distributed
-    n, m = processes or d.num_processes, machines or d.num_machines
+    n = d.num_processes if processes is None else processes
+    m = d.num_machines if machines is None else machines
     if strategy is not None and strategy not in _STRATEGY:
         raise UsageError(f"--strategy {strategy}: one of {', '.join(_STRATEGY)}")
     if n < 1 or m < 1 or n % m:

@@ -123,6 +123,8 @@ def test_layout_of_the_card_and_the_overrides() -> None:
     assert layout_of(ds) == _layout("zero3_offload", 2)
     with pytest.raises(UsageError, match=r"^--processes 3 --machines 2: .* multiple of the machines"):
         layout_of(card, 3, 2)
+    with pytest.raises(UsageError, match=r"^--processes 0 --machines 1: "):
+        layout_of(card, 0)
     with pytest.raises(UsageError, match=r"^--gpu B300: not a GPU labkit knows \(T4, L4,"):
         gpu_named("B300")
     assert gpu_named("l4") == GPUS["L4"] and GPUS["L4"].capability == "8.9"
