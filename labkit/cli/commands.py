@@ -272,29 +272,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
-    """`labkit estimate CARD --gpu-memory GIB`: size a card for a GPU before renting it (offline, no weights)."""
+    """`labkit estimate CARD --gpu NAME | --gpu-memory GIB [--processes N --machines M --strategy S]`: size a card for
+    a GPU before renting it, per GPU under the card's layout of processes (offline, no weights)."""
+    from labkit.preflight.gpus import gpu_named
+    from labkit.preflight.layouts import estimate_layout, layout_of
     from labkit.preflight.memory import GIB
-    from labkit.preflight.sizing import estimate_card
-    from labkit.show.memory import export_line, label
+    from labkit.show.memory import export_line, label, layout_lines
 
     loaded = load_card(Path(args.card))
-    got = estimate_card(loaded.card, loaded.path, args.gpu_memory, args.capability, args.seq_len, args.config)
-    est, verdict, made = got["estimate"], got["verdict"], got["decisions"]
     card = loaded.card
+    named = gpu_named(args.gpu) if args.gpu else None
+    memory = named.memory_gib if named else args.gpu_memory
+    capability = args.capability or (named.capability if named else "8.0")
+    layout = layout_of(card, args.processes, args.machines, args.strategy)
+    got = estimate_layout(card, loaded.path, memory, capability, args.seq_len, args.config, layout,
+                          name=named.name if named else None)
+    est, verdict, made = got["estimate"], got["verdict"], got["decisions"]
     print(f"card: {args.card} ({card.method.kind}, {card.model.source})")
     print(f"device: {got['device']}: weights {made['weight_dtype']}, precision {made['precision']}"
           + (f", 4-bit compute {made['compute_dtype']}" if made["compute_dtype"] else ""))
     print(f"step at micro-batch {est['micro_batch']}, {got['seq_len']} tokens"
-          + (", activation checkpointing" if est["checkpointing"] else "") + ":")
+          + (", activation checkpointing" if est["checkpointing"] else "")
+          + (", one process holding everything" if layout["id"] != "single" else "") + ":")
     for term, value in est["breakdown"].items():
         if value:
             print(f"  {label(term):<28} {value / GIB:8.2f} GiB")
     for term, value in verdict["overheads"].items():
         print(f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)")
-    print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {args.gpu_memory:g} GiB")
-    print(f"verdict: {'fits' if verdict['fits'] else 'does not fit'}: {verdict['message']}")
-    print(export_line(card, loaded.path, args.gpu_memory, args.capability, args.config, got))
+    print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {memory:g} GiB")
+    print("\n".join(layout_lines(got, named.name if named else f"{memory:g} GiB GPU", memory)))
+    print(export_line(card, loaded.path, memory, capability, args.config, got))
     largest = got["largest_micro_batch"]
     print(f"largest micro-batch that fits: {largest['plain'] or 'none'} without activation checkpointing, "
-          f"{largest['checkpointing'] or 'none'} with it")
-    return 0 if verdict["fits"] else 1
+          f"{largest['checkpointing'] or 'none'} with it" + (" (one process)" if layout["id"] != "single" else ""))
+    return 0 if got["layout_verdict"]["fits"] else 1

@@ -59,12 +59,22 @@ def _add_plan(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_estimate(sub: argparse._SubParsersAction) -> None:
+    from labkit.preflight.gpus import GPUS  # light: the GPU catalogue and the layouts' ids (no torch)
+    from labkit.preflight.records import LAYOUTS
+
     parser = sub.add_parser("estimate", help="a card's training-step memory and fit verdict on a GPU of a given "
                             "memory, before renting it (offline, no weights)")
     add = parser.add_argument
     add("card", help="the experiment card (params/*.yaml)")
-    add("--gpu-memory", type=float, required=True, metavar="GIB", help="the GPU's memory in GiB (16 for a T4)")
-    add("--capability", default="8.0", help="CUDA compute capability: 7.5 T4, 8.0 A100, 9.0 H100 (default 8.0)")
+    gpu = parser.add_mutually_exclusive_group(required=True)
+    gpu.add_argument("--gpu", metavar="NAME", help="a GPU by name: " + ", ".join(GPUS) + " (its memory and capability)")
+    gpu.add_argument("--gpu-memory", type=float, metavar="GIB", help="the GPU's memory in GiB (16 for a T4)")
+    add("--capability", help="CUDA compute capability: 7.5 T4, 8.0 A100, 9.0 H100 (default: the --gpu's, else 8.0)")
+    add("--processes", type=int, metavar="N", help="processes in all, over every machine (default: the card's "
+        "distributed.num_processes)")
+    add("--machines", type=int, metavar="M", help="machines (default: the card's distributed.num_machines)")
+    add("--strategy", choices=LAYOUTS[1:], help="how the processes share the model (default: the card's; ddp "
+        "for a card of one process given --processes)")
     add("--seq-len", type=int, help="tokens per row (default: the card's data.max_length)")
     add("--config", help="the model's config.json (default: configs/<org>--<name>.json next to the card, the hub "
                          "cache, or the local model folder)")

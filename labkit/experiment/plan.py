@@ -23,6 +23,56 @@ from labkit.core import runs as R
 from labkit.errors import UsageError
 from labkit.experiment.campaign import build_campaign, format_campaign, grid_cards, interval_width, variant_of
 from labkit.experiment.timings import INITIAL, measured_timings
+from labkit.preflight.scaling import parallel_steps, scaled, scaling_efficiency
+
+def for_processes(timings: dict[str, Any], card: Any) -> dict[str, Any]:
+    """Set the plan's steps and seconds per step to the card's processes (`labkit.preflight.scaling`).
+
+    With P data-parallel processes (distributed.num_processes) an epoch has about 1/P of one process's steps
+    (`parallel_steps`); each step costs the seconds per step measured by runs of the card at P processes, else the
+    one-process figure ÷ the assumed scaling efficiency (`scaling_efficiency`: within a machine or across machines).
+
+    Args:
+        timings: as `measured_timings` returns; its "card" (steps, save_steps) and "seconds" (seconds_per_step) are
+            changed in place.
+        card: the card.
+    Returns:
+        {"processes", "machines", "steps_one_process", "steps", "measured_seconds_per_step", "seconds_per_step",
+         "measured_at" (processes), "efficiency" (None when measured), "efficiency_source"}; also kept as
+        timings["processes"].
+    """
+    d = card.distributed
+    n, m = (d.num_processes, d.num_machines) if d.launcher == "accelerate" else (1, 1)
+    at = timings.get("step_processes", 1)
+    sps = timings["seconds"]["seconds_per_step"]
+    single = sps * scaling_efficiency(at, 1) if at not in (1, n) else sps  # another count's run: one process's
+    got = scaled(single, n, m, measured_at=at)
+    steps = parallel_steps(card, timings["card"].get("train_rows"), n) if n > 1 else None
+    out = {"processes": n, "machines": m, "steps_one_process": timings["card"]["steps"],
+           "steps": steps or timings["card"]["steps"], "measured_seconds_per_step": sps, "measured_at": at, **got}
+    timings["card"]["steps"] = out["steps"]
+    if n > 1 and not timings["card"].get("save_steps_set", True):
+        timings["card"]["save_steps"] = max(1, out["steps"] // 4)
+    timings["seconds"]["seconds_per_step"] = got["seconds_per_step"]
+    timings["processes"] = out
+    return out
+
+
+def processes_line(timings: dict[str, Any]) -> str | None:
+    """The plan's line on the processes: steps and seconds per step scaled, efficiency assumed or measured."""
+    p = timings.get("processes")
+    if not p or p["processes"] <= 1:
+        return None
+    where = f"{p['processes']} processes" + (f" on {p['machines']} machines" if p["machines"] > 1 else "")
+    if p["efficiency_source"] == "measured":
+        how = f"{p['seconds_per_step']:.2f} s/step measured by runs at {p['processes']} processes"
+    else:
+        how = (f"s/step {p['measured_seconds_per_step']:.2f} (measured at {p['measured_at']} process(es)) ÷ "
+               f"{p['efficiency']:g} scaling efficiency (assumed, "
+               + ("across machines" if p["machines"] > 1 else "within one machine")
+               + f"; a run at {p['processes']} processes measures it) = {p['seconds_per_step']:.2f} s")
+    return f"processes: {where}: {p['steps_one_process']} steps of one process → {p['steps']} steps; {how}"
+
 
 SCALED = ("baseline", "preprocessing", "parameter_check", "seconds_per_step", "evaluation", "final")  # / --speedup
 
@@ -144,7 +194,8 @@ def format_plan(plan: dict[str, Any], timings: dict[str, Any]) -> str:
     lines = [f"labkit plan · {timings['experiment']}/{timings['variant']} · {plan['days']:g} days at "
              f"{plan['price_per_hour']:g}/h · margin {plan['margin']:.0%}",
              f"timings measured on: {timings['device']} ({scaled})",
-             f"from runs ({timings['matched_by']}): {', '.join(timings['runs'])}", ""]
+             f"from runs ({timings['matched_by']}): {', '.join(timings['runs'])}"]
+    lines += [x for x in (processes_line(timings), "") if x is not None]
     lines += ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip()
               for row in [header, tuple("-" * w for w in widths), *table]]
     c = plan["checkpoint"]
@@ -189,6 +240,7 @@ def make_plan(card: str | Path, days: float, price_per_hour: float | None = None
     root = Path(root).resolve() if root else R.runs_root(loaded.path.parent)
     timings = measured_timings(loaded, root)
     timings["card"]["replicates"] = loaded.card.experiment.replicates  # each variant's runs (build_plan)
+    for_processes(timings, loaded.card)
     price = timings["card"]["price_per_hour"] if price_per_hour is None else price_per_hour
     if grid:
         return _campaign(loaded, root, timings, days, price, grid, spread, setup_hours, options)

@@ -89,6 +89,7 @@ def _run_measures(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]
     trained = _trained(run_dir)
     if trained:
         m["train_step"] = trained[0] / trained[1]
+        m["world_size"] = int(_read(run_dir / "training" / OUTCOME).get("world_size") or 1)  # processes that trained
         m["train_how"] = f"{trained[2]}: {trained[0]:.1f} s / {trained[1]} steps"
         if "training" in m:
             m["train_setup"] = max(0.0, m["training"] - trained[0])
@@ -144,6 +145,8 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
         {"seconds": {baseline, preprocessing, parameter_check, seconds_per_step, process_start, train_setup,
         evaluation, and when measured final, export_check}, "sources": {key: where it came from},
         "card": {steps, save_steps, save_steps_set, validation_rows, test_rows, price_per_hour, gpus}, "runs",
+        "step_processes" (seconds_per_step's runs trained with this many processes: the card's when such a run
+        exists, else one),
         "matched_by", "device", "notes", …}.
     Raises:
         FileNotFoundError: no run measured a training step (stage 03 or 04), or stages 01–03 are unmeasured.
@@ -179,6 +182,9 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
     median("final", "final", "labkit final: registry test_opened → test_evaluated (base and tuned on the test split)")
     median("export_check", "export_check", "labkit export's reload check in a fresh process (export/reload_check.json)")
     trained = {r: m for r, m in measures.items() if "train_step" in m}
+    worlds = {m.get("world_size", 1) for m in trained.values()}
+    world = next((w for w in (card.distributed.num_processes, 1) if w in worlds), min(worlds, default=1))
+    trained = {r: m for r, m in trained.items() if m.get("world_size", 1) == world}  # runs at one process count
     if trained:
         median("train_step", "seconds_per_step", "stage 04 runtime / steps, validation passes and checkpoint saves "
                "included (" + "; ".join(f"{r} {m['train_how']}" for r, m in trained.items()) + ")", trained)
@@ -208,6 +214,7 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
     d = card.distributed
     gpus = d.num_processes if d.launcher == "accelerate" else 1
     return {"experiment": card.experiment.id, "variant": card.experiment.variant, "card_path": str(loaded.path),
+            "step_processes": world if trained else 1,  # the processes seconds_per_step was measured at
             "card_hash": loaded.hash, "matched_by": matched_by, "runs": sorted(measures), "device": "; ".join(devices),
             "seconds": seconds, "sources": sources, "notes": notes,
             "card": {"steps": steps, "save_steps": save, "save_steps_set": bool(t.eval_steps if t.early_stopping else t.save_steps),

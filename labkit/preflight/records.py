@@ -19,6 +19,9 @@ OPTIMIZER_STATES_PREFIX = "optimizer_states_"  # alternatives: optimizer_states_
 UPCAST_PREFIX = "weights_frozen_upcast_"  # alternatives (qlora): weights_frozen_upcast_<all | norms>
 # the GPU margins outside the estimate (labkit.preflight.sizing.overheads)
 OVERHEADS = ("fragmentation", "cuda_context", "nccl_buffers", "ddp_buckets")
+# the processes' layouts (labkit.preflight.layouts): "single" (one process) and the strategies, by identifier
+LAYOUTS = ("single", "ddp", "fsdp", "zero2", "zero3", "zero2_offload", "zero3_offload")
+GATHERED_LAYER = "gathered_layer"  # per-GPU term under fsdp / zero3: one decoder layer's weights, gathered whole
 
 
 class MemoryEstimate(TypedDict):
@@ -72,6 +75,40 @@ class FitVerdict(TypedDict):
     message: str
 
 
+class Layout(TypedDict):
+    """How the training processes share the model (`labkit.preflight.layouts.layout_of`)."""
+
+    id: str  # one of LAYOUTS
+    processes: int  # in all, over every machine
+    machines: int
+    per_machine: int
+
+
+class GpuEstimate(TypedDict):
+    """`labkit.preflight.layouts.per_gpu`: one step's memory on each GPU under a layout (bytes).
+
+    `breakdown` holds `BREAKDOWN` and `GATHERED_LAYER`; `host_breakdown` what CPU offload moves to host memory, per
+    process; `host_bytes_per_machine` that times the processes of one machine.
+    """
+
+    layout: Layout
+    breakdown: dict[str, float]
+    phases: dict[str, float]
+    weights_bytes: float
+    step_bytes: float
+    peak_bytes: float
+    optimizer: str
+    host_breakdown: dict[str, float]
+    host_bytes_per_machine: float
+
+
+class LayoutFit(TypedDict):
+    """A layout that fits a GPU (`labkit.preflight.layouts.fitting_layout`): the fewest GPUs, the lightest strategy."""
+
+    layout: Layout
+    needed_bytes: float
+
+
 class RejectedAnswersPlan(TypedDict):
     """`labkit.preflight.timeplan.rejected_answers_plan`: what the base model's rejected answers cost the run."""
 
@@ -100,6 +137,8 @@ class TimePlan(TypedDict):
     train_tokens: int
     packed: bool
     rejected_answers: RejectedAnswersPlan | None
+    processes: int  # data-parallel processes (distributed.num_processes)
+    scaling_efficiency: float  # assumed (labkit.preflight.scaling); 1.0 for one process
     total_seconds: float
 
 

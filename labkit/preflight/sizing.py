@@ -194,17 +194,18 @@ def estimate_config(card: Card, card_path: Path, config_path: str | None = None)
     return config
 
 
-def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1) -> DeviceProfile:
-    """A hypothetical NVIDIA GPU of `memory_gib` (for sizing a rental before it exists)."""
+def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1, name: str | None = None) -> DeviceProfile:
+    """A hypothetical NVIDIA GPU of `memory_gib` (for sizing a rental before it exists), named `name` if given."""
     if memory_gib <= 0:
         raise CardError(f"--gpu-memory: {memory_gib:g} is not a memory size; give the card's GiB, e.g. 16")
     major, _, minor = capability.partition(".")
-    return DeviceProfile(type="cuda", name=f"{memory_gib:g} GiB GPU", count=count,
+    return DeviceProfile(type="cuda", name=name or f"{memory_gib:g} GiB GPU", count=count,
                          capability=capability, arch=f"sm_{major}{minor or 0}", memory_gib=memory_gib)
 
 
 def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability: str = "8.0",
-                  seq_len: int | None = None, config_path: str | None = None) -> dict[str, Any]:
+                  seq_len: int | None = None, config_path: str | None = None,
+                  name: str | None = None) -> dict[str, Any]:
     """Size a card for a GPU of `gpu_memory_gib` before renting it: the step estimate, the verdict, the largest
     micro-batch that fits (with and without activation checkpointing) — from the model's config on the meta device.
 
@@ -215,10 +216,12 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
         capability: its CUDA compute capability (decides bf16 vs fp16: "7.5" for a T4, "8.0" an A100, "9.0" an H100).
         seq_len: tokens per row (default: the card's data.max_length, the worst case).
         config_path: a config.json to use instead of looking one up.
+        name: the GPU's name (`labkit.preflight.gpus.GPUS`), shown in the device line.
     Returns:
         {"device", "decisions", "seq_len", "estimate", "verdict", "largest_micro_batch": {"plain", "checkpointing"}}.
     """
-    profile = gpu_profile(gpu_memory_gib, capability)
+    d = card.distributed  # a machine of the card's processes (one GPU each)
+    profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines), name=name)
     made = decide(card, profile, world_size=1, kernels={})
     config = estimate_config(card, card_path, config_path)
     seq_len = seq_len or card.data.max_length
@@ -226,5 +229,5 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
     est = estimate_step(config, card, seq_len, device=profile)
     return {"device": profile.describe(), "decisions": made.as_dict(), "seq_len": seq_len, "estimate": est,
             "verdict": fit_verdict(config, card, seq_len, free, profile, free_is_total=True),
-            "largest_micro_batch": {name: largest_micro_batch(config, card, seq_len, free, profile, ckpt, True)
-                                    for name, ckpt in (("plain", False), ("checkpointing", True))}}
+            "largest_micro_batch": {key: largest_micro_batch(config, card, seq_len, free, profile, ckpt, True)
+                                    for key, ckpt in (("plain", False), ("checkpointing", True))}}

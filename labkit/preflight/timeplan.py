@@ -13,6 +13,7 @@ from typing import Any, Callable
 from labkit.card.schema import Card
 from labkit.core.progress import fmt_seconds
 from labkit.preflight.records import RejectedAnswersPlan, TimePlan
+from labkit.preflight.scaling import scaling_efficiency
 from labkit.train.packing import pack
 
 
@@ -99,6 +100,10 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     eval.batch_size validation rows (packed rows when train.packing) padded to its longest row; without a timed
     evaluation (DPO / ORPO), a third of a training micro-batch at the same length.
 
+    With several data-parallel processes (distributed.num_processes) each replays its share of the epoch (the
+    micro-batches ÷ the processes), its steps slowed by the assumed scaling efficiency
+    (`labkit.preflight.scaling.scaling_efficiency`), and each validation pass is shared among them.
+
     Args:
         card: the card.
         train_lengths: tokens of each training example (`labkit.stages.parameter_check.token_lengths`).
@@ -110,12 +115,15 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
         {"steps", "rows_per_epoch", "examples_per_step", "seconds_per_step", "train_seconds" (training + evaluation:
          what the trainer's train_runtime measures), "evaluations", "evaluation_seconds", "hours", "cost",
          "within_budget", "train_tokens" (tokens per epoch), "packed", "rejected_answers"
-         (`rejected_answers_plan`), "total_seconds" (train_seconds + the rejected answers' generation)}.
+         (`rejected_answers_plan`), "processes", "scaling_efficiency" (assumed; 1 for one process),
+         "total_seconds" (train_seconds + the rejected answers' generation)}.
     """
-    t = card.train
+    t, d = card.train, card.distributed
+    processes = d.num_processes if d.launcher == "accelerate" else 1
+    efficiency = scaling_efficiency(processes, d.num_machines)
     per_micro = _micro_seconds(measured)
     rows = row_lengths(card, train_lengths)
-    micro_per_epoch = math.ceil(len(rows) / t.micro_batch)
+    micro_per_epoch = math.ceil(len(rows) / (t.micro_batch * processes))  # one process's share of an epoch
     per_epoch = max(1, math.ceil(micro_per_epoch / t.grad_accum))
     steps = t.max_steps or math.ceil(per_epoch * (t.epochs or 1))
     # an epoch's last optimiser step takes the micro-batches that are left
@@ -130,6 +138,7 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
                 break
             seconds += per_micro(max(order[i:i + t.micro_batch]))
             micro_done += 1
+    seconds /= efficiency  # the processes' communication (assumed: labkit.preflight.scaling)
     eval_steps = t.eval_steps or max(1, (t.max_steps or math.ceil(math.ceil(len(train_lengths) / t.micro_batch)
                                                                    / t.grad_accum * (t.epochs or 1))) // 4)
     evaluations = steps // eval_steps if validation_lengths else 0
@@ -143,6 +152,7 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
     else:
         one_pass = sum(per_micro(max(ordered[i:i + batch])) * len(ordered[i:i + batch]) / t.micro_batch / 3
                        for i in range(0, len(ordered), batch))
+    one_pass /= processes  # the validation rows are shared among the processes
     first = next((m["step_seconds"] for m in measured if len(m.get("step_seconds") or []) > 1), None)
     warmup = max(0.0, first[0] - first[-1]) if first else 0.0  # the first step allocates the optimiser states
     total = seconds + warmup + evaluations * one_pass
@@ -153,4 +163,5 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
             "cost": hours * card.budget.price_per_gpu_hour * card.distributed.num_processes,
             "within_budget": total <= card.budget.max_minutes * 60, "train_tokens": sum(train_lengths),
             "packed": card.train.packing, "rejected_answers": (found := rejected_answers_plan(rejected)),
+            "processes": processes, "scaling_efficiency": efficiency,
             "total_seconds": total + (found["seconds"] if found else 0.0)}

@@ -12,7 +12,7 @@ from typing import Any
 from labkit.preflight.export_memory import export_estimate
 from labkit.preflight.memory import GIB
 from labkit.preflight.sizing import estimate_config, gpu_profile
-from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, MemoryEstimate
+from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, Layout, MemoryEstimate
 
 LABELS = {
     # breakdown
@@ -29,7 +29,15 @@ LABELS = {
     # GPU margins (labkit.preflight.sizing.overheads)
     "fragmentation": "allocator fragmentation", "cuda_context": "CUDA context and kernels", "nccl_buffers": "NCCL buffers",
     "ddp_buckets": "DDP gradient buckets",
+    # per GPU under a layout (labkit.preflight.layouts)
+    "gathered_layer": "gathered layer (whole)",
+    # the layouts (labkit.preflight.records.LAYOUTS)
+    "single": "one process", "ddp": "ddp (replicated)", "fsdp": "fsdp (full shard)", "zero2": "deepspeed ZeRO-2",
+    "zero3": "deepspeed ZeRO-3", "zero2_offload": "deepspeed ZeRO-2, optimiser offload to CPU",
+    "zero3_offload": "deepspeed ZeRO-3, optimiser and weights offload to CPU",
 }
+SHORT = {"single": "one process", "ddp": "ddp", "fsdp": "fsdp", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+         "zero2_offload": "ZeRO-2 + CPU offload", "zero3_offload": "ZeRO-3 + CPU offload"}
 
 
 def label(key: str) -> str:
@@ -86,7 +94,8 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     Returns:
         the line.
     """
-    profile = gpu_profile(gpu_memory_gib, capability)
+    d = card.distributed  # a machine of the card's processes, as `estimate_card` sizes it
+    profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines))
     need = export_estimate(estimate_config(card, card_path, config_path), card, sized["seq_len"], profile)
     margins = sum(sized["verdict"]["overheads"].values())
     total = need["peak_bytes"] + margins
@@ -94,3 +103,49 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     return (f"export ({need['dtype']} merge and reload check, {need['phase']} phase): peak {need['peak_bytes'] / GIB:.2f} GiB "
             f"beside training's {sized['estimate']['peak_bytes'] / GIB:.2f} GiB; with the margins {total / GIB:.2f} GiB "
             f"of {gpu_memory_gib:g} GiB: {fits}")
+
+
+def layout_text(layout: Layout) -> str:
+    """A layout in words: "fsdp (full shard), 4 processes on 2 machines (2 per machine)"."""
+    where = (f" on {layout['machines']} machines ({layout['per_machine']} per machine)" if layout["machines"] > 1
+             else " on one machine")
+    return label(layout["id"]) + ("" if layout["id"] == "single" else f", {layout['processes']} processes{where}")
+
+
+def layout_lines(sized: dict[str, Any], gpu: str, gpu_memory_gib: float) -> list[str]:
+    """`labkit estimate`'s lines on the layout: each GPU's memory by term, host memory under offload, the verdict
+    per GPU, the layout that fits when this one does not, and the assumed scaling efficiency.
+
+    Args:
+        sized: `labkit.preflight.layouts.estimate_layout`'s result.
+        gpu: the GPU's name ("L4", "16 GiB GPU").
+        gpu_memory_gib: its memory.
+    Returns:
+        the lines (the verdict line included).
+    """
+    layout, each, verdict = sized["layout"], sized["per_gpu"], sized["layout_verdict"]
+    lines = []
+    if layout["id"] != "single":
+        lines.append(f"per GPU under {layout_text(layout)}:")
+        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB" for term, value in each["breakdown"].items() if value]
+        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)"
+                  for term, value in verdict["overheads"].items()]
+        lines.append(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
+        if each["host_breakdown"]:
+            moved = ", ".join(label(k) for k in each["host_breakdown"])
+            lines.append(f"host memory per machine (CPU offload: {moved}): {each['host_bytes_per_machine'] / GIB:.2f} "
+                         f"GiB for its {layout['per_machine']} process(es)")
+    per = " per GPU" if layout["id"] != "single" else ""
+    lines.append(f"verdict{per}: {'fits' if verdict['fits'] else 'does not fit'}: {verdict['message']}")
+    if not verdict["fits"]:
+        found = sized.get("fitting")
+        lines.append(f"fits with {SHORT[found['layout']['id']]} on {found['layout']['processes']}× {gpu}"
+                     + (f" ({found['layout']['machines']} machines)" if found["layout"]["machines"] > 1 else "")
+                     + f": {found['needed_bytes'] / GIB:.2f} GiB per GPU" if found
+                     else "no layout up to 64 GPUs fits: use qlora, a shorter max_length or a larger GPU")
+    if layout["processes"] > 1:
+        where = "across machines" if layout["machines"] > 1 else "within one machine (NVLink / PCIe)"
+        lines.append(f"training time: an epoch's steps ÷ {layout['processes']} processes, each step "
+                     f"÷ {sized['efficiency']:g} scaling efficiency (assumed, {where}; `labkit plan` uses a run's "
+                     "measured seconds per step at this many processes)")
+    return lines

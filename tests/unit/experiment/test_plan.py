@@ -335,3 +335,32 @@ def test_replicates_multiply_each_variants_runs() -> None:
     assert phases["continuation"]["seconds"] == pytest.approx(1350)
     assert "3 seeds (experiment.replicates)" in phases["experiment"]["notes"]
     assert sum(p["seconds"] for p in three["phases"]) == pytest.approx(43200)
+
+
+def test_plan_divides_training_among_the_cards_processes(runs_root: Path, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    """2 processes: an epoch's 69 steps of one process (275 rows, micro-batch 4) are 35; each step costs the measured
+    5 s ÷ 0.9, the assumed efficiency within a machine, until a run of the card at 2 processes measures it."""
+    path = tmp_path / "ddp.yaml"
+    path.write_text(f"parent: {QUICKSTART}\ntrain: {{max_steps: null, epochs: 1}}\n"
+                    "distributed: {launcher: accelerate, strategy: ddp, num_processes: 2}\n")
+    assert cli_main(["--runs", str(runs_root), "plan", str(path), "--days", "3", "--price-per-hour", "2"]) == 0
+    out = capsys.readouterr().out
+    assert ("processes: 2 processes: 69 steps of one process → 35 steps; s/step 5.00 (measured at 1 process(es)) ÷ "
+            "0.9 scaling efficiency (assumed, within one machine; a run at 2 processes measures it) = 5.56 s") in out
+    (saved,) = (runs_root / "ticket-triage" / "_plans").glob("plan-3d-*.json")
+    plan = json.loads(saved.read_text())
+    # variant: 35 × 5/0.9 + evaluation 60 + setup 10 + 2 starts × 8 + reload 18 (one process: 69 × 5 + 104)
+    assert plan["variant_seconds"] == pytest.approx(35 * 5 / 0.9 + 104)
+    assert plan["timings"]["processes"]["efficiency_source"] == "assumed"
+    # a run of the card at 2 processes: its seconds per step (35 steps in 140 s) replace the assumption
+    lines = _run(runs_root, "ticket-triage", "ddp-f", load_card(path).resolved, {
+        "baseline": 100, "preprocessing": 10, "parameter_check": 40, "training": 150, "comparison": 50}, registry=True,
+        wall_extra=8, training={"outcome": {**_outcome(35, 140.0), "world_size": 2}})
+    with (runs_root / "registry.jsonl").open("a") as registry:
+        registry.write("".join(json.dumps(line) + "\n" for line in lines))
+    assert cli_main(["--runs", str(runs_root), "plan", str(path), "--days", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "processes: 2 processes: 69 steps of one process → 35 steps; 4.00 s/step measured by runs at 2 " \
+           "processes" in out
+    assert "seconds_per_step: 4.00 s (measured) — stage 04 runtime / steps" in out and "ddp-f" in out

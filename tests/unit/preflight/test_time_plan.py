@@ -58,3 +58,18 @@ def test_validation_passes_cost_the_timed_evaluation_per_padded_token() -> None:
     assert plan["evaluation_seconds"] == pytest.approx(2 * 900 * 0.002)
     untimed = time_plan(card, [100] * 36, [100, 100, 100, 200, 50, 50], MEASURED)  # no timed evaluation: the rule
     assert untimed["evaluation_seconds"] != pytest.approx(plan["evaluation_seconds"])
+
+
+def test_processes_share_the_epoch_at_the_assumed_efficiency() -> None:
+    """2 processes: each replays half the epoch's micro-batches, its steps ÷ 0.9 (assumed within a machine), and
+    the validation passes are shared; one process's plan is unchanged."""
+    one = _card(max_steps=None, epochs=1, micro_batch=4, grad_accum=1, eval_steps=None)
+    two = updated(one, {"distributed": {"launcher": "accelerate", "strategy": "ddp", "num_processes": 2}})
+    single = time_plan(one, [100] * 36, [100] * 8, MEASURED)
+    plan = time_plan(two, [100] * 36, [100] * 8, MEASURED)
+    assert (single["steps"], single["processes"], single["scaling_efficiency"]) == (9, 1, 1.0)
+    assert single["train_seconds"] == pytest.approx(9 * 1.0 + 0.5 + single["evaluation_seconds"])
+    assert (plan["steps"], plan["processes"], plan["scaling_efficiency"]) == (5, 2, 0.9)  # ceil(36 / 8) micro-batches
+    one_pass = single["evaluation_seconds"] / single["evaluations"] / 2
+    assert plan["evaluations"] == 2 and plan["evaluation_seconds"] == pytest.approx(2 * one_pass)
+    assert plan["train_seconds"] == pytest.approx(5 * 1.0 / 0.9 + 0.5 + 2 * one_pass)
