@@ -1,0 +1,209 @@
+"""`labkit launch`: the files that start a card's run where GPUs are rented — a SkyPilot task, a Slurm batch
+script and one shell script per machine (torchrun / accelerate variables) — with a README, in one folder.
+
+The GPU is chosen by `labkit estimate`'s verdict (`labkit.preflight.sizing.estimate_card`) over the catalog
+below: a GPU given with --gpu must fit, else the smallest that fits is named; without --gpu the smallest that fits
+is taken. The texts are in `labkit.experiment.launch_scripts`; docs/launch.md says how to start each.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from labkit.card.load import LoadedCard
+from labkit.core import runs as R
+from labkit.errors import CardError, UsageError
+from labkit.experiment.launch_scripts import (LaunchSpec, node_commands, node_script, skypilot_task,
+                                              slurm_minutes, slurm_script)
+
+# SkyPilot accelerator name -> (memory in GiB as nvidia-smi reports the card's total, CUDA compute capability).
+# Memory: T4 15360 MiB, L4 23034, A10G 23028, L40S 46068, A100 40960, A100-80GB 81920, H100 (SXM) 81559,
+# H200 143771, B200 183359. `sky show-gpus` lists what each cloud rents under these names.
+GPUS: dict[str, tuple[float, str]] = {
+    "T4": (15.0, "7.5"),
+    "A10G": (22.5, "8.6"),
+    "L4": (22.5, "8.9"),
+    "L40S": (45.0, "8.9"),
+    "A100": (40.0, "8.0"),
+    "A100-80GB": (80.0, "8.0"),
+    "H100": (79.6, "9.0"),
+    "H200": (140.4, "9.0"),
+    "B200": (179.1, "10.0"),
+}
+TARGETS = ("skypilot", "slurm", "torchrun")
+PLACEHOLDER_BUCKET = "labkit-runs-change-me"
+SKYPILOT_RUNS = "/labkit-runs"  # where the task mounts the runs bucket on every machine
+
+
+def _by_memory() -> list[str]:
+    return sorted(GPUS, key=lambda name: (GPUS[name][0], GPUS[name][1], name))
+
+
+def gpu_verdict(loaded: LoadedCard, gpu: str, estimate: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`labkit estimate`'s verdict for the card on catalog GPU `gpu` (offline: the model's config, no weights).
+
+    Returns:
+        the verdict dict of `labkit.preflight.sizing.estimate_card` ("fits", "needed_bytes", "message", …).
+    """
+    if estimate is None:
+        from labkit.preflight.sizing import estimate_card as estimate
+    memory, capability = GPUS[gpu]
+    return estimate(loaded.card, loaded.path, memory, capability)["verdict"]
+
+
+def choose_gpu(loaded: LoadedCard, gpu: str | None) -> tuple[str, dict[str, Any]]:
+    """The GPU the files ask for: `gpu` when the estimate says the card's step fits it, else refused; without
+    `gpu` the catalog's smallest that fits.
+
+    Args:
+        loaded: the card.
+        gpu: a catalog name (`GPUS`), or None.
+    Returns:
+        (the GPU's name, its verdict).
+    Raises:
+        UsageError: `gpu` is not in the catalog.
+        CardError: it does not fit (the message names the smallest that does), or none does.
+    """
+    order = _by_memory()
+    if gpu is not None:
+        canonical = {name.lower(): name for name in GPUS}.get(gpu.strip().lower())
+        if canonical is None:
+            raise UsageError(f"--gpu {gpu}: not a GPU labkit launch knows; use one of {', '.join(order)}")
+        verdict = gpu_verdict(loaded, canonical)
+        if verdict["fits"]:
+            return canonical, verdict
+        bigger = [name for name in order if GPUS[name][0] > GPUS[canonical][0]]
+        fits = next((name for name in bigger if gpu_verdict(loaded, name)["fits"]), None)
+        raise CardError(f"{loaded.path}: does not fit on {canonical} ({GPUS[canonical][0]:g} GiB): "
+                        f"{verdict['message']}; " + (f"the smallest GPU that fits is {fits}: --gpu {fits}" if fits
+                                                   else "no GPU in the catalog fits (see labkit estimate)"))
+    for name in order:
+        verdict = gpu_verdict(loaded, name)
+        if verdict["fits"]:
+            return name, verdict
+    raise CardError(f"{loaded.path}: the training step fits no GPU in the catalog ({', '.join(order)}); "
+                    "see labkit estimate for what it needs and what to change")
+
+
+def _extras(loaded: LoadedCard) -> tuple[str, ...]:
+    """labkit's extras the run needs on the rented machines."""
+    card = loaded.card
+    extras = []
+    if card.method.kind == "qlora" or card.train.optimizer != "adamw":
+        extras.append("gpu")
+    if card.distributed.strategy == "deepspeed":
+        extras.append("deepspeed")
+    if card.tracking.mlflow or card.tracking.wandb or card.tracking.tensorboard:
+        extras.append("track")
+    return tuple(extras)
+
+
+def launch_spec(loaded: LoadedCard, gpu: str, *, runs: str | None = None, wheel: str | None = None,
+                bucket: str = PLACEHOLDER_BUCKET, head: str | None = None, cpus: int | None = None,
+                minutes: int | None = None, run_id: str | None = None, target: str = "skypilot") -> LaunchSpec:
+    """Everything the launch files need, from the card and the options.
+
+    Args:
+        loaded: the card.
+        gpu: the chosen GPU (a `GPUS` name).
+        runs: the shared runs folder on the machines (default: /labkit-runs for SkyPilot, the project's runs
+            folder for Slurm and torchrun).
+        wheel: the labkit wheel (default: dist/labkit-<version>-py3-none-any.whl in the project).
+        bucket: SkyPilot's runs bucket.
+        head: the head machine's address for the torchrun scripts.
+        cpus: Slurm: CPUs per machine (default 8 per process).
+        minutes: Slurm: the time limit (default from the card's budget).
+        run_id: the torchrun scripts' run id (default <variant>-<UTC time>).
+        target: skypilot, slurm or torchrun (decides the default of `runs`).
+    Returns:
+        the spec.
+    Raises:
+        UsageError: the card (or a file of its parent chain) is outside its project folder.
+    """
+    from labkit import __version__
+
+    card = loaded.card
+    machines = card.distributed.num_machines
+    if card.distributed.num_processes % machines:
+        raise CardError(f"{loaded.path}: distributed.num_processes {card.distributed.num_processes} is not a multiple "
+                        f"of num_machines {machines}; make it processes per machine x machines")
+    workdir = R.project_root(loaded.path.parent)
+    for path in loaded.chain:
+        if not Path(path).resolve().is_relative_to(workdir):
+            raise UsageError(f"{path}: outside the project folder {workdir} that the launch files use as working "
+                             "folder; move the card (and its parents) under it")
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{card.experiment.id}-{card.experiment.variant}".lower()).strip("-")[:63]
+    default_runs = SKYPILOT_RUNS if target == "skypilot" else str(R.runs_root(loaded.path.parent))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return LaunchSpec(
+        name=name, card=loaded.path.resolve().relative_to(workdir).as_posix(), workdir=str(workdir), gpu=gpu,
+        machines=machines, per_machine=card.distributed.num_processes // machines, runs=runs or default_runs,
+        extras=_extras(loaded), wheel=wheel or str(workdir / "dist" / f"labkit-{__version__}-py3-none-any.whl"),
+        bucket=bucket, hub_token=card.model.source.startswith("hf:"),
+        minutes=minutes or slurm_minutes(card.budget.max_minutes),
+        cpus=cpus or 8 * (card.distributed.num_processes // machines),
+        run_id=run_id or f"{card.experiment.variant}-{stamp}", head=head)
+
+
+def readme(spec: LaunchSpec, target: str, verdict: dict[str, Any]) -> str:
+    """The folder's README.md: what the files are and how to start them."""
+    lines = [f"# Launch files for {spec.name}", "",
+             f"Written by `labkit launch` for `{spec.card}` (project folder `{spec.workdir}`): "
+             f"{spec.machines} machine(s) x {spec.per_machine} GPU(s), {spec.gpu} "
+             f"(labkit estimate: {verdict['message']}). docs/launch.md explains every file.", "",
+             "The head machine (rank 0) runs `labkit run CARD --run-id ID`: it creates the run, or resumes it from "
+             "its newest valid checkpoint when it exists; the others run `labkit run --join ID`. The runs folder "
+             f"`{spec.runs}` must be storage every machine sees.", ""]
+    if target == "skypilot":
+        lines += ["## SkyPilot (`task.yaml`)", "",
+                  "1. Build labkit's wheel in the project folder: `python -m build --wheel` (writes "
+                  f"`{spec.wheel}`; pass another with `labkit launch --wheel`).",
+                  f"2. Name a bucket of yours in `file_mounts` (now `{spec.bucket}`; or `labkit launch --bucket`).",
+                  "3. Start it as a managed job: `sky jobs launch task.yaml"
+                  + (" --secret HF_TOKEN`" if spec.hub_token else "`")
+                  + " (`sky jobs queue`, `sky jobs logs` follow it). After a preemption SkyPilot runs the same "
+                  "command on new machines with the same `SKYPILOT_TASK_ID`: the run resumes."]
+    elif target == "slurm":
+        lines += ["## Slurm (`slurm.sbatch`)", "",
+                  "1. Install labkit on the cluster (the wheel: `python -m build --wheel`, then "
+                  "`pip install dist/labkit-*.whl`) and activate it in the script where it says so.",
+                  "2. Submit from this folder: `sbatch slurm.sbatch` (the log is `slurm-<job id>.out` here). "
+                  "A requeued job keeps its id (`slurm-$SLURM_JOB_ID` is the run id): it resumes."]
+    else:
+        lines += ["## torchrun / accelerate (`node-<k>.sh`)", "",
+                  f"Run `bash node-k.sh` on machine k (run id `{spec.run_id}`, the same on every machine). "
+                  "The same commands, one line each:", ""]
+        lines += [f"    {command}" for command in node_commands(spec)]
+        if spec.machines > 1 and not spec.head:
+            lines += ["", "Set MASTER_ADDR (HEAD_ADDRESS above) to the address of the machine that runs node-0.sh."]
+        lines += ["", "Run node-0.sh again after an interruption: the run resumes from its newest valid checkpoint."]
+    return "\n".join(lines) + "\n"
+
+
+def write_launch(loaded: LoadedCard, target: str, out: Path, spec: LaunchSpec, verdict: dict[str, Any]) -> list[Path]:
+    """Write the launch files of `target` into `out` (created; existing files of the same names are replaced).
+
+    Returns:
+        the files written.
+    """
+    if target not in TARGETS:
+        raise UsageError(f"--on {target}: use one of {', '.join(TARGETS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    files: dict[str, str] = {"README.md": readme(spec, target, verdict)}
+    if target == "skypilot":
+        files["task.yaml"] = skypilot_task(spec)
+    elif target == "slurm":
+        files["slurm.sbatch"] = slurm_script(spec)
+    else:
+        files.update({f"node-{rank}.sh": node_script(spec, rank) for rank in range(spec.machines)})
+    written = []
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text, encoding="utf-8")
+        if name.endswith((".sh", ".sbatch")):
+            path.chmod(0o755)
+        written.append(path)
+    return written
