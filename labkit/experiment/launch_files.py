@@ -1,7 +1,7 @@
 """`labkit launch`: the files that start a card's run where GPUs are rented — a SkyPilot task, a Slurm batch
 script and one shell script per machine (torchrun / accelerate variables) — with a README, in one folder.
 
-The GPU is chosen by `labkit estimate`'s verdict (`labkit.preflight.sizing.estimate_card`) over the catalog
+The GPU is chosen by `labkit estimate`'s verdict (`labkit.preflight.sizing.fit_verdict`) over the catalog
 below: a GPU given with --gpu must fit, else the smallest that fits is named; without --gpu the smallest that fits
 is taken. The texts are in `labkit.experiment.launch_scripts`; docs/launch.md says how to start each.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from labkit.card.load import LoadedCard
 from labkit.core import runs as R
@@ -42,16 +42,49 @@ def _by_memory() -> list[str]:
     return sorted(GPUS, key=lambda name: (GPUS[name][0], GPUS[name][1], name))
 
 
-def gpu_verdict(loaded: LoadedCard, gpu: str, estimate: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
-    """`labkit estimate`'s verdict for the card on catalog GPU `gpu` (offline: the model's config, no weights).
+class Sizer:
+    """`labkit estimate`'s verdict for one card on the catalog's GPUs (offline: the model's config, no weights).
 
-    Returns:
-        the verdict dict of `labkit.preflight.sizing.estimate_card` ("fits", "needed_bytes", "message", …).
+    `verdict(gpu)` is `labkit.preflight.sizing.fit_verdict` on the GPU's memory and capability — what `labkit
+    estimate --gpu-memory M --capability C` prints. `fits(gpu)` applies the same rule (the step, with the GPU's
+    margins, fits; or fits once paged optimiser states page out) to the bytes that verdict counts, read once per
+    compute capability (the count depends on the capability, not the memory), so that trying the catalog does
+    not search micro-batches on every GPU that is too small.
     """
-    if estimate is None:
-        from labkit.preflight.sizing import estimate_card as estimate
-    memory, capability = GPUS[gpu]
-    return estimate(loaded.card, loaded.path, memory, capability)["verdict"]
+
+    def __init__(self, loaded: LoadedCard) -> None:
+        from labkit.preflight.sizing import estimate_config
+
+        self.loaded = loaded
+        self.config = estimate_config(loaded.card, loaded.path, None)
+        self._needs: dict[str, tuple[float, float]] = {}
+
+    def verdict(self, gpu: str) -> dict[str, Any]:
+        """The estimate's verdict on `gpu` ("fits", "needed_bytes", "message", …)."""
+        from labkit.preflight.memory import GIB
+        from labkit.preflight.sizing import fit_verdict, gpu_profile
+
+        memory, capability = GPUS[gpu]
+        card = self.loaded.card
+        return fit_verdict(self.config, card, card.data.max_length, memory * GIB, gpu_profile(memory, capability),
+                           free_is_total=True)
+
+    def needs(self, gpu: str) -> tuple[float, float]:
+        """(bytes the step needs on `gpu`, bytes with paged optimiser states paged out)."""
+        from labkit.preflight.sizing import fit_verdict, gpu_profile
+
+        memory, capability = GPUS[gpu]
+        if capability not in self._needs:
+            card = self.loaded.card
+            got = fit_verdict(self.config, card, card.data.max_length, float("inf"), gpu_profile(memory, capability),
+                              free_is_total=True)
+            self._needs[capability] = (got["needed_bytes"], got["needed_bytes"] - got["paged_bytes"])
+        return self._needs[capability]
+
+    def fits(self, gpu: str) -> bool:
+        from labkit.preflight.memory import GIB
+
+        return min(self.needs(gpu)) <= GPUS[gpu][0] * GIB
 
 
 def choose_gpu(loaded: LoadedCard, gpu: str | None) -> tuple[str, dict[str, Any]]:
@@ -60,7 +93,7 @@ def choose_gpu(loaded: LoadedCard, gpu: str | None) -> tuple[str, dict[str, Any]
 
     Args:
         loaded: the card.
-        gpu: a catalog name (`GPUS`), or None.
+        gpu: a catalog name (`GPUS`, any case), or None.
     Returns:
         (the GPU's name, its verdict).
     Raises:
@@ -68,24 +101,26 @@ def choose_gpu(loaded: LoadedCard, gpu: str | None) -> tuple[str, dict[str, Any]
         CardError: it does not fit (the message names the smallest that does), or none does.
     """
     order = _by_memory()
+    canonical = None
     if gpu is not None:
         canonical = {name.lower(): name for name in GPUS}.get(gpu.strip().lower())
         if canonical is None:
             raise UsageError(f"--gpu {gpu}: not a GPU labkit launch knows; use one of {', '.join(order)}")
-        verdict = gpu_verdict(loaded, canonical)
-        if verdict["fits"]:
-            return canonical, verdict
-        bigger = [name for name in order if GPUS[name][0] > GPUS[canonical][0]]
-        fits = next((name for name in bigger if gpu_verdict(loaded, name)["fits"]), None)
-        raise CardError(f"{loaded.path}: does not fit on {canonical} ({GPUS[canonical][0]:g} GiB): "
-                        f"{verdict['message']}; " + (f"the smallest GPU that fits is {fits}: --gpu {fits}" if fits
-                                                   else "no GPU in the catalog fits (see labkit estimate)"))
-    for name in order:
-        verdict = gpu_verdict(loaded, name)
-        if verdict["fits"]:
-            return name, verdict
-    raise CardError(f"{loaded.path}: the training step fits no GPU in the catalog ({', '.join(order)}); "
-                    "see labkit estimate for what it needs and what to change")
+    sizer = Sizer(loaded)
+    if canonical is not None and sizer.fits(canonical):
+        return canonical, sizer.verdict(canonical)
+    smallest = next((name for name in order if sizer.fits(name)), None)
+    if canonical is not None:
+        from labkit.preflight.memory import GIB
+
+        raise CardError(f"{loaded.path}: does not fit on {canonical} ({GPUS[canonical][0]:g} GiB): the training step "
+                        f"needs {min(sizer.needs(canonical)) / GIB:.1f} GiB with its margins; "
+                        + (f"the smallest GPU that fits is {smallest}: --gpu {smallest}" if smallest else
+                           "no GPU in the catalog fits (labkit estimate says what to change)"))
+    if smallest is None:
+        raise CardError(f"{loaded.path}: the training step fits no GPU in the catalog ({', '.join(order)}); "
+                        "labkit estimate says what it needs and what to change")
+    return smallest, sizer.verdict(smallest)
 
 
 def _extras(loaded: LoadedCard) -> tuple[str, ...]:
