@@ -294,9 +294,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_launch(args: argparse.Namespace) -> int:
     """`labkit launch CARD --on skypilot|slurm|torchrun [--gpu NAME]`: write the files that start the card's run
     where GPUs are rented (labkit.experiment.launch_files), into a folder it prints."""
-    from labkit.experiment.launch_files import choose_gpu, launch_spec, write_launch
+    from labkit.experiment.launch_files import check_options, choose_gpu, launch_spec, write_launch
 
     loaded = load_card(Path(args.card))
+    check_options(runs_mount=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
+                  run_id=args.run_id, out=args.out)  # before the estimate: bad options fail at once
     gpu, verdict = choose_gpu(loaded, args.gpu)
     spec = launch_spec(loaded, gpu, runs=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
                        cpus=args.cpus_per_node, minutes=args.time_minutes, run_id=args.run_id, target=args.on)

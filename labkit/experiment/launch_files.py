@@ -136,6 +136,25 @@ def _extras(loaded: LoadedCard) -> tuple[str, ...]:
     return tuple(extras)
 
 
+BUCKET = re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]")  # S3 / GCS / R2 bucket names: lower case, digits, . - _
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # a run id is a folder name under runs/<experiment>/
+
+
+def check_options(**values: str | None) -> None:
+    """Refuse option values that could not be written safely: control characters anywhere (a newline in a YAML
+    comment or a README line), a bucket or run id that is not a plain name."""
+    for key, value in values.items():
+        if value is not None and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise UsageError(f"--{key.replace('_', '-')}: contains a control character (a newline?); give it on one line"
+                             if key != "card" else f"{value!r}: the card's path contains a control character; rename it")
+    if values.get("bucket") is not None and not BUCKET.fullmatch(values["bucket"]):
+        raise UsageError(f"--bucket {values['bucket']}: not a bucket name; use lower-case letters, digits, '.', '-' "
+                         "and '_' (3 to 222 characters)")
+    if values.get("run_id") is not None and not RUN_ID.fullmatch(values["run_id"]):
+        raise UsageError(f"--run-id {values['run_id']}: a run id is a folder name; use letters, digits, '.', '-' "
+                         "and '_' (starting with a letter or digit)")
+
+
 def launch_spec(loaded: LoadedCard, gpu: str, *, runs: str | None = None, wheel: str | None = None,
                 bucket: str = PLACEHOLDER_BUCKET, head: str | None = None, cpus: int | None = None,
                 minutes: int | None = None, run_id: str | None = None, target: str = "skypilot") -> LaunchSpec:
@@ -160,6 +179,7 @@ def launch_spec(loaded: LoadedCard, gpu: str, *, runs: str | None = None, wheel:
     """
     from labkit import __version__
 
+    check_options(runs_mount=runs, wheel=wheel, bucket=bucket, head=head, run_id=run_id, card=str(loaded.path))
     card = loaded.card
     machines = card.distributed.num_machines
     if card.distributed.num_processes % machines:
@@ -210,7 +230,7 @@ def readme(spec: LaunchSpec, target: str, verdict: dict[str, Any]) -> str:
     else:
         lines += ["## torchrun / accelerate (`node-<k>.sh`)", "",
                   f"Run `bash node-k.sh` on machine k (run id `{spec.run_id}`, the same on every machine). "
-                  "The same commands, one line each:", ""]
+                  f"The same commands, one line each, from the project folder (`cd {spec.workdir}`):", ""]
         lines += [f"    {command}" for command in node_commands(spec)]
         if spec.machines > 1 and not spec.head:
             lines += ["", "Set MASTER_ADDR (HEAD_ADDRESS above) to the address of the machine that runs node-0.sh."]

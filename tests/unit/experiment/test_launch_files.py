@@ -158,13 +158,13 @@ def test_torchrun_scripts_read_back(written: dict) -> None:
 def test_the_command_writes_and_prints(project: Path, tmp_path: Path, capsys) -> None:
     card = project / "params" / "examples" / "llama3-8b-2machines.yaml"
     code = main(["launch", str(card), "--on", "torchrun", "--gpu", "a100-80gb", "--out", str(tmp_path / "t"),
-                 "--head", "10.1.2.3", "--run-id", "my run", "--runs-mount", "/shared/runs dir"])
+                 "--head", "10.1.2.3", "--run-id", "run-1", "--runs-mount", "/shared/runs dir; rm -rf ~"])
     assert code == 0
     out = capsys.readouterr().out
     assert "2 machine(s) x 8 A100-80GB" in out and str(tmp_path / "t") in out
     node1 = (tmp_path / "t" / "node-1.sh").read_text()
     assert "export MASTER_ADDR=10.1.2.3" in node1
-    assert "labkit --runs '/shared/runs dir' run --join 'my run'" in node1  # quoted, never pasted
+    assert "labkit --runs '/shared/runs dir; rm -rf ~' run --join run-1" in node1  # quoted, never pasted
     assert subprocess.run(["bash", "-n", str(tmp_path / "t" / "node-1.sh")]).returncode == 0
 
 
@@ -174,6 +174,16 @@ def test_bad_gpu_is_refused_in_one_line(project: Path, tmp_path: Path, capsys) -
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--gpu RTX9999" in err and "A100-80GB" in err
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("option", [["--bucket", "My Bucket"], ["--run-id", "../escape"],
+                                    ["--runs-mount", "/runs\nrun: rm -rf ~"]])
+def test_unsafe_options_are_refused_in_one_line(project: Path, tmp_path: Path, capsys, option: list[str]) -> None:
+    card = project / "params" / "examples" / "llama3-8b-qlora.yaml"
+    assert main(["launch", str(card), "--on", "skypilot", "--gpu", "H100", "--out", str(tmp_path / "x"), *option]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and option[0] in err
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_gpu_that_does_not_fit_names_the_smallest_that_does(project: Path, tmp_path: Path, capsys) -> None:
