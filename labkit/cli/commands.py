@@ -299,6 +299,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     loaded = load_card(Path(args.card))
     check_options(runs_mount=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
                   run_id=args.run_id, out=args.out)  # before the estimate: bad options fail at once
+    for option, value in (("--cpus-per-node", args.cpus_per_node), ("--time-minutes", args.time_minutes)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option} {value}: give a positive whole number")
     gpu, verdict = choose_gpu(loaded, args.gpu)
     spec = launch_spec(loaded, gpu, runs=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
                        cpus=args.cpus_per_node, minutes=args.time_minutes, run_id=args.run_id, target=args.on)
@@ -306,4 +309,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     written = write_launch(loaded, args.on, out.expanduser().resolve(), spec, verdict)
     print(f"{loaded.path}: {spec.machines} machine(s) x {spec.per_machine} {gpu} ({verdict['message']})")
     print(f"launch files ({args.on}) in {out.expanduser().resolve()}: {', '.join(p.name for p in written)}")
+    if args.on == "skypilot" and not Path(spec.wheel).is_file():
+        print(f"note: {spec.wheel} does not exist yet: build it in the project folder with python -m build --wheel "
+              "(or pass --wheel PATH) before sky jobs launch")
     return 0

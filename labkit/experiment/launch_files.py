@@ -196,7 +196,9 @@ def launch_spec(loaded: LoadedCard, gpu: str, *, runs: str | None = None, wheel:
     return LaunchSpec(
         name=name, card=loaded.path.resolve().relative_to(workdir).as_posix(), workdir=str(workdir), gpu=gpu,
         machines=machines, per_machine=card.distributed.num_processes // machines, runs=runs or default_runs,
-        extras=_extras(loaded), wheel=wheel or str(workdir / "dist" / f"labkit-{__version__}-py3-none-any.whl"),
+        extras=_extras(loaded),
+        wheel=str(Path(wheel).expanduser().resolve() if wheel else
+                  workdir / "dist" / f"labkit-{__version__}-py3-none-any.whl"),
         bucket=bucket, hub_token=card.model.source.startswith("hf:"),
         minutes=minutes or slurm_minutes(card.budget.max_minutes),
         cpus=cpus or 8 * (card.distributed.num_processes // machines),

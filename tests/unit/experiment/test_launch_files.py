@@ -162,6 +162,13 @@ def test_the_command_writes_and_prints(project: Path, tmp_path: Path, capsys) ->
     assert code == 0
     out = capsys.readouterr().out
     assert "2 machine(s) x 8 A100-80GB" in out and str(tmp_path / "t") in out
+    assert "python -m build --wheel" not in out  # torchrun installs nothing; the wheel note is SkyPilot's
+    code = main(["launch", str(card), "--on", "skypilot", "--gpu", "H100", "--out", str(tmp_path / "s"),
+                 "--wheel", str(tmp_path / "missing.whl"), "--bucket", "team-runs"])
+    assert code == 0 and "missing.whl does not exist yet: build it" in capsys.readouterr().out
+    task = yaml.safe_load((tmp_path / "s" / "task.yaml").read_text())
+    assert task["file_mounts"]["/labkit-wheel/missing.whl"] == str(tmp_path / "missing.whl")
+    assert task["file_mounts"]["/labkit-runs"]["name"] == "team-runs"
     node1 = (tmp_path / "t" / "node-1.sh").read_text()
     assert "export MASTER_ADDR=10.1.2.3" in node1
     assert "labkit --runs '/shared/runs dir; rm -rf ~' run --join run-1" in node1  # quoted, never pasted
@@ -177,7 +184,7 @@ def test_bad_gpu_is_refused_in_one_line(project: Path, tmp_path: Path, capsys) -
 
 
 @pytest.mark.parametrize("option", [["--bucket", "My Bucket"], ["--run-id", "../escape"],
-                                    ["--runs-mount", "/runs\nrun: rm -rf ~"]])
+                                    ["--runs-mount", "/runs\nrun: rm -rf ~"], ["--time-minutes", "0"]])
 def test_unsafe_options_are_refused_in_one_line(project: Path, tmp_path: Path, capsys, option: list[str]) -> None:
     card = project / "params" / "examples" / "llama3-8b-qlora.yaml"
     assert main(["launch", str(card), "--on", "skypilot", "--gpu", "H100", "--out", str(tmp_path / "x"), *option]) == 2
