@@ -306,3 +306,27 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"largest micro-batch that fits: {largest['plain'] or 'none'} without activation checkpointing, "
           f"{largest['checkpointing'] or 'none'} with it" + (" (one process)" if layout["id"] != "single" else ""))
     return 0 if got["layout_verdict"]["fits"] else 1
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    """`labkit launch CARD --on skypilot|slurm|torchrun [--gpu NAME]`: write the files that start the card's run
+    where GPUs are rented (labkit.experiment.launch_files), into a folder it prints."""
+    from labkit.experiment.launch_files import check_options, choose_gpu, launch_spec, write_launch
+
+    loaded = load_card(Path(args.card))
+    check_options(runs_mount=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
+                  run_id=args.run_id, out=args.out)  # before the estimate: bad options fail at once
+    for option, value in (("--cpus-per-node", args.cpus_per_node), ("--time-minutes", args.time_minutes)):
+        if value is not None and value < 1:
+            raise UsageError(f"{option} {value}: give a positive whole number")
+    gpu, verdict = choose_gpu(loaded, args.gpu)
+    spec = launch_spec(loaded, gpu, runs=args.runs_mount, wheel=args.wheel, bucket=args.bucket, head=args.head,
+                       cpus=args.cpus_per_node, minutes=args.time_minutes, run_id=args.run_id, target=args.on)
+    out = Path(args.out) if args.out else R.project_root(loaded.path.parent) / "launch" / f"{spec.name}-{args.on}"
+    written = write_launch(loaded, args.on, out.expanduser().resolve(), spec, verdict)
+    print(f"{loaded.path}: {spec.machines} machine(s) x {spec.per_machine} {gpu} ({verdict['message']})")
+    print(f"launch files ({args.on}) in {out.expanduser().resolve()}: {', '.join(p.name for p in written)}")
+    if args.on == "skypilot" and not Path(spec.wheel).is_file():
+        print(f"note: {spec.wheel} does not exist yet: build it in the project folder with python -m build --wheel "
+              "(or pass --wheel PATH) before sky jobs launch")
+    return 0

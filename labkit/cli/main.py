@@ -81,6 +81,29 @@ def _add_estimate(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=commands.cmd_estimate)
 
 
+def _add_launch(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("launch", help="write the files that start a card's run where GPUs are rented: a SkyPilot "
+                            "task, a Slurm script or per-machine torchrun commands (docs/launch.md)")
+    add = parser.add_argument
+    add("card", help="the experiment card (params/*.yaml)")
+    add("--on", required=True, choices=("skypilot", "slurm", "torchrun"), help="where the run starts")
+    add("--gpu", help="the GPU (T4, A10G, L4, L40S, A100, A100-80GB, H100, H200, B200); refused when labkit "
+                      "estimate says the step does not fit (default: the smallest that fits)")
+    add("--out", help="the folder to write (default: launch/<experiment>-<variant>-<on>/ in the project)")
+    add("--runs-mount", metavar="PATH", help="the shared runs folder as every machine sees it (default: /labkit-runs "
+                                              "for SkyPilot, the project's runs folder for Slurm and torchrun)")
+    add("--bucket", default="labkit-runs-change-me", help="SkyPilot: the bucket mounted as the runs folder "
+                                                         "(a name of yours; created when missing)")
+    add("--wheel", help="SkyPilot: the labkit wheel installed on the machines (default: dist/labkit-<version>-py3-"
+                        "none-any.whl, written by python -m build --wheel)")
+    add("--head", metavar="ADDRESS", help="torchrun: the head machine's address (default: each script asks for "
+                                          "MASTER_ADDR)")
+    add("--run-id", help="torchrun: the run id every machine shares (default: <variant>-<UTC time>)")
+    add("--cpus-per-node", type=int, help="Slurm: CPUs per machine (default 8 per GPU)")
+    add("--time-minutes", type=int, help="Slurm: the time limit (default: the card's budget x 1.5 + 30)")
+    parser.set_defaults(func=commands.cmd_launch)
+
+
 def _completion(args: argparse.Namespace) -> int:
     """`labkit completion bash|zsh|tcsh`: the shell completion script (shtab), printed for the shell to load."""
     import shtab
@@ -159,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export(sub)
     _add_plan(sub)
     _add_estimate(sub)
+    _add_launch(sub)
     _add_setup(sub)
     return parser
 

@@ -2,7 +2,8 @@
 
 - Checkpoints (weights, optimiser, scheduler, RNG and the data position, as transformers' Trainer
   writes them) go to `training/trainer/checkpoint-N` every `train.save_steps` steps and at the end;
-  stage 04 always resumes from the newest one, so re-running it (or `labkit run --resume RUN_ID`)
+  stage 04 always resumes from the newest one that passes a validity check (`checkpoint_problem`: a save
+  cut short or a truncated file falls back to the one before), so re-running it (or `labkit run --resume RUN_ID`)
   continues where the last process stopped.
 - SIGTERM or Ctrl-C (SIGINT) during training: the current step finishes, a checkpoint is written,
   training stops and the stage raises `TrainingInterrupted`, which the run records as `interrupted`
@@ -13,11 +14,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import threading
+import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -25,17 +28,89 @@ import torch.distributed as dist
 from labkit.train.callbacks import InterruptStop
 
 
-def last_checkpoint(folder: Path) -> str | None:
-    """The newest complete `checkpoint-N` folder under `folder` (None when there is none).
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "adapter_model.bin")  # the Trainer's weight files
+SHARDED = ("pytorch_model_fsdp_*", "global_step*")  # FSDP's sharded state folders, DeepSpeed's ZeRO folder
+PICKLES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler.pt")  # torch.save files (zip archives)
 
-    A checkpoint counts as complete when its trainer_state.json exists (written last by the Trainer).
+
+def _safetensors_problem(path: Path) -> str | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt"):  # reads the header and checks the file covers every tensor
+            return None
+    except Exception as exc:  # noqa: BLE001 - safetensors' error types vary across versions
+        return f"{path.name} does not read ({str(exc).splitlines()[0][:100]})"
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why a `checkpoint-N` folder cannot be resumed from (None when it can).
+
+    Valid: trainer_state.json parses (the Trainer writes it last); the weights are present — safetensors files
+    whose header reads and covers every tensor (with an index, every shard it names), or PyTorch / FSDP /
+    DeepSpeed weights; optimizer, scheduler and RNG files are non-empty, complete zip archives (torch.save).
+
+    Args:
+        folder: the checkpoint folder.
+    Returns:
+        a short reason, or None.
+    """
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "no trainer_state.json (the Trainer writes it last: the save did not finish)"
+    except (OSError, ValueError) as exc:
+        return f"trainer_state.json does not parse ({exc})"
+    if not isinstance(state, dict):
+        return "trainer_state.json is not a JSON object"
+    weights = sorted({p for pattern in WEIGHTS for p in folder.glob(pattern) if p.is_file()})
+    for index in folder.glob("*.safetensors.index.json"):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            return f"{index.name} does not parse ({exc})"
+        if missing := sorted(name for name in shards if not (folder / name).is_file()):
+            return f"{index.name} names missing shards: {', '.join(missing[:3])}"
+    sharded = [p for pattern in SHARDED for p in folder.glob(pattern) if p.is_dir() and any(p.iterdir())]
+    if not weights and not sharded:
+        return "no weights file (adapter_model / model .safetensors or .bin, FSDP or DeepSpeed state)"
+    for path in weights:
+        if path.stat().st_size == 0:
+            return f"{path.name} is empty"
+        if path.suffix == ".safetensors" and (problem := _safetensors_problem(path)):
+            return problem
+    for path in sorted({p for pattern in PICKLES for p in folder.glob(pattern) if p.is_file()}):
+        if path.stat().st_size == 0:
+            return f"{path.name} is empty"
+        if not zipfile.is_zipfile(path):  # torch.save writes a zip archive; a cut one has no central directory
+            return f"{path.name} is truncated (not a complete torch.save archive)"
+    return None
+
+
+def last_checkpoint(folder: Path, note: Callable[[str], None] | None = print) -> str | None:
+    """The newest `checkpoint-N` folder under `folder` that passes `checkpoint_problem` (None when there is none).
+
+    A newer checkpoint that fails the check (a save cut short by a preemption, a truncated file) is skipped with
+    a note naming it and why, so training resumes from the previous one.
+
+    Args:
+        folder: the Trainer's output folder.
+        note: where the notes go (default print; None: silent).
+    Returns:
+        the checkpoint folder's path as a string, or None.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in folder.iterdir()
-             if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and (p / "trainer_state.json").exists()]
-    return str(max(found)[1]) if found else None
+    found = sorted(((int(m.group(1)), p) for p in folder.iterdir()
+                    if (m := re.fullmatch(r"checkpoint-(\d+)", p.name)) and p.is_dir()), reverse=True)
+    for _, path in found:
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return str(path)
+        if note is not None:
+            note(f"labkit: checkpoint skipped: {path.name}: {problem}; trying the one before it")
+    return None
 
 
 class Interruption:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO, labkit
 
 from labkit.card.load import load_card
@@ -140,9 +141,12 @@ def test_invalidate_keeps_the_run_with_its_reason(tmp_path: Path) -> None:
 
 
 def test_last_checkpoint_skips_incomplete_ones(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
     for step, complete in ((2, True), (10, True), (12, False)):
         (tmp_path / f"checkpoint-{step}").mkdir()
-        if complete:
+        save_file({"w": torch.zeros(4)}, str(tmp_path / f"checkpoint-{step}" / "adapter_model.safetensors"))
+        if complete:  # weights and trainer_state.json (the Trainer writes it last): a valid checkpoint
             (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
     assert last_checkpoint(tmp_path) == str(tmp_path / "checkpoint-10")
     assert last_checkpoint(tmp_path / "missing") is None

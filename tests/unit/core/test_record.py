@@ -171,4 +171,8 @@ def test_a_resume_without_a_usable_checkpoint_refuses_unless_told_to_start_over(
     assert "2.7" in history.read_text()
     (training / "trainer" / "checkpoint-6").mkdir(parents=True)
     (training / "trainer" / "checkpoint-6" / "trainer_state.json").write_text("{}")
+    from safetensors.torch import save_file  # the weights: a checkpoint that passes resilience.checkpoint_problem
+    import torch
+
+    save_file({"w": torch.zeros(4)}, str(training / "trainer" / "checkpoint-6" / "adapter_model.safetensors"))
     check_training_restart(run, restart=False)  # a usable checkpoint: training continues from it, no question asked
