@@ -13,26 +13,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from labkit import __version__
 from labkit.card.load import LoadedCard
 from labkit.core import runs as R
 from labkit.errors import CardError, UsageError
 from labkit.experiment.launch_scripts import (LaunchSpec, node_commands, node_script, skypilot_task,
                                               slurm_minutes, slurm_script)
+from labkit.preflight.gpus import GPUS as CATALOGUE
+from labkit.preflight.memory import GIB
+from labkit.preflight.sizing import estimate_config, fit_verdict, gpu_profile
 
-# SkyPilot accelerator name -> (memory in GiB as nvidia-smi reports the card's total, CUDA compute capability).
-# Memory: T4 15360 MiB, L4 23034, A10G 23028, L40S 46068, A100 40960, A100-80GB 81920, H100 (SXM) 81559,
-# H200 143771, B200 183359. `sky show-gpus` lists what each cloud rents under these names.
-GPUS: dict[str, tuple[float, str]] = {
-    "T4": (15.0, "7.5"),
-    "A10G": (22.5, "8.6"),
-    "L4": (22.5, "8.9"),
-    "L40S": (45.0, "8.9"),
-    "A100": (40.0, "8.0"),
-    "A100-80GB": (80.0, "8.0"),
-    "H100": (79.6, "9.0"),
-    "H200": (140.4, "9.0"),
-    "B200": (179.1, "10.0"),
-}
+# SkyPilot accelerator names are the catalogue's (`sky show-gpus` lists what each cloud rents under them):
+# name -> (memory in GiB, CUDA compute capability), one source with `labkit estimate --gpu`.
+GPUS: dict[str, tuple[float, str]] = {name: (gpu.memory_gib, gpu.capability) for name, gpu in CATALOGUE.items()}
 TARGETS = ("skypilot", "slurm", "torchrun")
 PLACEHOLDER_BUCKET = "labkit-runs-change-me"
 SKYPILOT_RUNS = "/labkit-runs"  # where the task mounts the runs bucket on every machine
@@ -53,37 +46,33 @@ class Sizer:
     """
 
     def __init__(self, loaded: LoadedCard) -> None:
-        from labkit.preflight.sizing import estimate_config
-
         self.loaded = loaded
         self.config = estimate_config(loaded.card, loaded.path, None)
         self._needs: dict[str, tuple[float, float]] = {}
 
+    def _machine(self, memory: float, capability: str) -> Any:
+        """One rented machine: as many of the GPU as the card runs processes per machine (as `labkit estimate`)."""
+        d = self.loaded.card.distributed
+        return gpu_profile(memory, capability, count=max(1, d.num_processes // d.num_machines))
+
     def verdict(self, gpu: str) -> dict[str, Any]:
         """The estimate's verdict on `gpu` ("fits", "needed_bytes", "message", …)."""
-        from labkit.preflight.memory import GIB
-        from labkit.preflight.sizing import fit_verdict, gpu_profile
-
         memory, capability = GPUS[gpu]
         card = self.loaded.card
-        return fit_verdict(self.config, card, card.data.max_length, memory * GIB, gpu_profile(memory, capability),
+        return fit_verdict(self.config, card, card.data.max_length, memory * GIB, self._machine(memory, capability),
                            free_is_total=True)
 
     def needs(self, gpu: str) -> tuple[float, float]:
         """(bytes the step needs on `gpu`, bytes with paged optimiser states paged out)."""
-        from labkit.preflight.sizing import fit_verdict, gpu_profile
-
         memory, capability = GPUS[gpu]
         if capability not in self._needs:
             card = self.loaded.card
-            got = fit_verdict(self.config, card, card.data.max_length, float("inf"), gpu_profile(memory, capability),
+            got = fit_verdict(self.config, card, card.data.max_length, float("inf"), self._machine(memory, capability),
                               free_is_total=True)
             self._needs[capability] = (got["needed_bytes"], got["needed_bytes"] - got["paged_bytes"])
         return self._needs[capability]
 
     def fits(self, gpu: str) -> bool:
-        from labkit.preflight.memory import GIB
-
         return min(self.needs(gpu)) <= GPUS[gpu][0] * GIB
 
 
@@ -111,8 +100,6 @@ def choose_gpu(loaded: LoadedCard, gpu: str | None) -> tuple[str, dict[str, Any]
         return canonical, sizer.verdict(canonical)
     smallest = next((name for name in order if sizer.fits(name)), None)
     if canonical is not None:
-        from labkit.preflight.memory import GIB
-
         raise CardError(f"{loaded.path}: does not fit on {canonical} ({GPUS[canonical][0]:g} GiB): the training step "
                         f"needs {min(sizer.needs(canonical)) / GIB:.1f} GiB with its margins; "
                         + (f"the smallest GPU that fits is {smallest}: --gpu {smallest}" if smallest else
@@ -177,8 +164,6 @@ def launch_spec(loaded: LoadedCard, gpu: str, *, runs: str | None = None, wheel:
     Raises:
         UsageError: the card (or a file of its parent chain) is outside its project folder.
     """
-    from labkit import __version__
-
     check_options(runs_mount=runs, wheel=wheel, bucket=bucket, head=head, run_id=run_id, card=str(loaded.path))
     card = loaded.card
     machines = card.distributed.num_machines

@@ -14,7 +14,9 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_enabled
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
@@ -232,8 +234,6 @@ def sharded_loading() -> str | None:
     accelerate's ACCELERATE_USE_FSDP and FSDP_CPU_RAM_EFFICIENT_LOADING), "zero3" (`is_deepspeed_zero3_enabled`: a live
     HfDeepSpeedConfig of stage 3), else None. `labkit.train.process_state.prepare` sets this up before the model loads.
     """
-    from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_enabled
-
     return "fsdp" if is_fsdp_enabled() else "zero3" if is_deepspeed_zero3_enabled() else None
 
 
@@ -241,8 +241,6 @@ def _empty(resolved: ResolvedModel, kwargs: dict[str, Any]) -> Any:
     """The model with its parameters on the meta device and its buffers real (accelerate's `init_empty_weights`): what
     an FSDP rank other than 0 holds until FSDP broadcasts rank 0's weights (accelerate's `cpu_ram_efficient_loading`,
     which keeps each rank's non-persistent buffers, such as rotary frequencies)."""
-    from accelerate import init_empty_weights
-
     hub = {k: v for k, v in kwargs.items() if k not in ("dtype", "attn_implementation")}
     config = AutoConfig.from_pretrained(resolved.location, **hub)
     with init_empty_weights(include_buffers=False):

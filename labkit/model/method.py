@@ -11,6 +11,7 @@ from collections import defaultdict
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 from transformers import set_seed
 
@@ -136,8 +137,6 @@ def rank0_buffers(model: Any) -> None:
     the other ranks, and accelerate re-registers each rank's own non-persistent buffers after sharding, so they must
     be real and rank 0's.
     """
-    import torch.distributed as dist
-
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     buffers = list(model.named_buffers())
     on_meta = torch.tensor([b.is_meta for _, b in buffers], dtype=torch.uint8, device=device)

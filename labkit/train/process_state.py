@@ -24,6 +24,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
+from accelerate import PartialState
+from accelerate.utils import DeepSpeedPlugin
+from transformers import TrainingArguments
+
 from labkit.card.schema import Card
 from labkit.errors import StageFailed
 
@@ -42,9 +46,6 @@ def prepare(card: Card, device: str) -> Any:
     Raises:
         StageFailed: the card says fsdp or deepspeed but the process was not launched with that accelerate config.
     """
-    from accelerate import PartialState
-    from transformers import TrainingArguments
-
     d = card.distributed
     if d.strategy == "fsdp" and not _flag("ACCELERATE_USE_FSDP"):
         raise StageFailed("distributed.strategy: fsdp, but this process was not started by `accelerate launch` with "
@@ -76,8 +77,6 @@ def zero3_config() -> Any:
     if importlib.util.find_spec("deepspeed") is None:  # transformers' HfDeepSpeedConfig imports it
         raise StageFailed("distributed.strategy: deepspeed needs DeepSpeed, which is not installed here: "
                           "pip install 'labkit[deepspeed]' on the GPU machine, or use distributed.strategy: fsdp")
-    from accelerate.utils import DeepSpeedPlugin
-
     plugin = DeepSpeedPlugin()
     plugin.set_mixed_precision(os.environ.get("ACCELERATE_MIXED_PRECISION", "no"))
     plugin.set_deepspeed_weakref()

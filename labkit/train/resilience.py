@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 
 from labkit.train.callbacks import InterruptStop
 
@@ -34,8 +35,6 @@ PICKLES = ("optimizer.pt", "scheduler.pt", "rng_state*.pth", "scaler.pt")  # tor
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), "pt"):  # reads the header and checks the file covers every tensor
             return None
