@@ -15,13 +15,9 @@ shards), which resuming needs.
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, TextIO
-
-import psutil
+from typing import Callable, TextIO
 
 from labkit.card.load import load_card
 from labkit.card.schema import Card
@@ -90,39 +86,6 @@ def _training_started(run: R.Run) -> bool:
     return status.get("status") == "running" and stage.get("status") == "started"
 
 
-def _stream(command: list[str], say: Callable[[str], None]) -> int:
-    """Run this machine's `accelerate launch`, its output to `say`; SIGTERM / Ctrl-C go on to the training workers
-    (who agree on a step with the others, checkpoint and exit)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, env={**os.environ, "LABKIT_WORKER": "1"})
-
-    def forward(signum: int, frame: Any) -> None:
-        try:
-            children = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        workers = [c for c in children if "labkit.cli.worker" in " ".join(_cmdline(c))]
-        for worker in workers or [psutil.Process(proc.pid)]:
-            worker.send_signal(signal.SIGTERM)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            say(line.rstrip("\n"))
-        return proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _cmdline(process: Any) -> list[str]:
-    try:
-        return process.cmdline()
-    except Exception:  # noqa: BLE001 - gone or not ours
-        return []
-
-
 def join_run(run_id: str, root: Path) -> int:
     """`labkit run --join ID`: this machine's share of a run's training, started by the head.
 
@@ -174,7 +137,7 @@ def join_run(run_id: str, root: Path) -> int:
 
 def _join(run: R.Run, n: int, machine: Machine, timeout: float, log: TextIO) -> int:
     from labkit.stages.records import ACCELERATE_CONFIG, OUTCOME  # the model layers: only once there is a run to join
-    from labkit.train.distributed import launch_command
+    from labkit.train.distributed import launch_command, run_launch
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -195,7 +158,7 @@ def _join(run: R.Run, n: int, machine: Machine, timeout: float, log: TextIO) -> 
                                 "same MASTER_PORT (or LABKIT_MASTER_PORT)"))
     command = launch_command(run.dir / "training" / ACCELERATE_CONFIG, run.dir, n, machine)
     say("$ " + " ".join(command))
-    code = _stream(command, say)
+    code, _ = run_launch(command, say)
     outcome = run.dir / "training" / OUTCOME
     if code != 0 and not outcome.exists():
         raise StageFailed(f"this machine's training processes exited with {code} (the head's run: "

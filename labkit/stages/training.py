@@ -11,13 +11,8 @@ The worker process is `labkit.cli.worker` (`accelerate launch --config_file … 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 from typing import Any, cast
-
-import psutil
 
 from labkit.core import io
 from labkit.data.prompting import encode_rows
@@ -34,7 +29,7 @@ from labkit.stages.records import (
     TrainingOutcome,
     TrainingSummary,
 )
-from labkit.train.distributed import accelerate_config, launch_command
+from labkit.train.distributed import accelerate_config, launch_command, run_launch
 from labkit.train.early_stopping import summary as early_stopping_summary
 from labkit.train.packing import isolation_check
 from labkit.train.resilience import last_checkpoint
@@ -144,42 +139,9 @@ def _launch(stage: Stage) -> None:
     io.write_atomic(config, accelerate_config(stage.card, stage.device))
     command = launch_command(config, stage.run.dir, stage.card.distributed.num_machines)  # rank, head: environment
     print("$ " + " ".join(command), flush=True)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, "LABKIT_WORKER": "1"})
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-
-    def _forward(signum: int, frame: Any) -> None:
-        # to the training workers only (they agree on a step, checkpoint and exit 0); the launcher itself
-        # would otherwise start killing them after its own timeout
-
-        try:
-            children = psutil.Process(proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return
-        workers = [c for c in children if "labkit.cli.worker" in " ".join(_cmdline(c))]
-        for worker in workers or [psutil.Process(proc.pid)]:
-            worker.send_signal(signal.SIGTERM)
-
-    for sig in previous:
-        signal.signal(sig, _forward)
-    tail: list[str] = []
-    try:
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            tail = (tail + [line.rstrip()])[-30:]
-        proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if proc.returncode != 0 and not stage.path(OUTCOME).exists():
-        raise StageFailed(f"accelerate launch exited with {proc.returncode}:\n" + "\n".join(tail[-12:]))
-
-
-def _cmdline(process: Any) -> list[str]:
-    try:
-        return process.cmdline()
-    except Exception:  # noqa: BLE001 - gone or not ours
-        return []
+    code, tail = run_launch(command, lambda line: print(line, flush=True))
+    if code != 0 and not stage.path(OUTCOME).exists():
+        raise StageFailed(f"accelerate launch exited with {code}:\n" + "\n".join(tail[-12:]))
 
 
 def save_adapter_info(path: Path, stage: Stage) -> None:

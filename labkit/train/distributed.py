@@ -25,10 +25,14 @@ launcher starts them; the trainer's `use_cpu` puts them on the CPU). FSDP is ref
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import psutil
 import yaml
 
 from labkit.card.schema import Card
@@ -116,3 +120,46 @@ def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: 
         command += ["--num_machines", str(num_machines), "--machine_rank", str(machine.rank),
                     "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port)]
     return command + ["-m", "labkit.cli.worker", "train", str(run_dir)]
+
+
+def run_launch(command: list[str], say: Callable[[str], None]) -> tuple[int, list[str]]:
+    """Run an `accelerate launch` command line, its output line by line to `say`; SIGTERM / Ctrl-C meanwhile go on to
+    the training workers only (they agree on a step, checkpoint and exit 0; the launcher itself would otherwise start
+    killing them after its own timeout).
+
+    Args:
+        command: the command line (`launch_command`).
+        say: where each output line goes (without its newline).
+    Returns:
+        (the launcher's exit status, its last 30 output lines).
+    """
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, env={**os.environ, "LABKIT_WORKER": "1"})
+
+    def forward(signum: int, frame: Any) -> None:
+        try:
+            children = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return
+        workers = [c for c in children if "labkit.cli.worker" in " ".join(_cmdline(c))]
+        for worker in workers or [psutil.Process(proc.pid)]:
+            worker.send_signal(signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    tail: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            say(line.rstrip("\n"))
+            tail = (tail + [line.rstrip()])[-30:]
+        return proc.wait(), tail
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _cmdline(process: Any) -> list[str]:
+    try:
+        return process.cmdline()
+    except Exception:  # noqa: BLE001 - gone or not ours
+        return []
