@@ -38,7 +38,10 @@ CPU_MATMUL_SIZE = 1024  # the measured CPU peak: square matrices of this size (2
 
 
 def _numel(param: Any) -> int:
-    """A parameter's number of weights (a bitsandbytes 4-bit parameter stores two per byte: its quant_state knows)."""
+    """A parameter's number of weights (a bitsandbytes 4-bit parameter stores two per byte: its quant_state knows;
+    a ZeRO-3 partitioned one holds an empty local tensor: DeepSpeed's ds_numel counts the whole)."""
+    if hasattr(param, "ds_numel"):
+        return int(param.ds_numel)
     state = getattr(param, "quant_state", None)
     shape = getattr(state, "shape", None)
     return math.prod(shape) if shape is not None else param.numel()
