@@ -188,10 +188,12 @@ def _decide(card: Card, profile: DeviceProfile, world_size: int,
     gpus = profile.count if profile.is_gpu else 0
     used = min(gpus, 1)
     if profile.is_gpu and d.launcher == "accelerate":
-        if d.num_machines == 1 and d.num_processes > gpus:
-            raise CardError(f"distributed.num_processes: {d.num_processes} but this machine has {gpus} GPU(s) "
-                            f"({profile.describe()}); set num_processes: {gpus}")
-        used = 1 if world_size > 1 else d.num_processes  # per process when launched; all of them for the plan
+        per_machine = max(1, d.num_processes // d.num_machines)  # the card's processes are machines × this
+        if per_machine > gpus:
+            over = f" over {d.num_machines} machines is {per_machine} per machine" if d.num_machines > 1 else ""
+            raise CardError(f"distributed.num_processes: {d.num_processes}{over} but this machine has {gpus} GPU(s) "
+                            f"({profile.describe()}); set num_processes: {gpus * d.num_machines}")
+        used = 1 if world_size > 1 else per_machine  # per process when launched; this machine's share for the plan
     elif gpus > 1 and world_size == 1:
         notes.append(f"{gpus} GPUs visible ({profile.describe()}), training on cuda:0 only; to use all {gpus}, set "
                      f"distributed: {{launcher: accelerate, strategy: ddp, num_processes: {gpus}}}")

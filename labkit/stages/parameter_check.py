@@ -222,7 +222,10 @@ def plan_text(card: Card, fitted: Fit) -> str:
     """The fit verdict and the time plan in two lines (times as m:ss)."""
     verdict, plan = fitted["verdict"], fitted["plan"]
     rows = f"{plan['rows_per_epoch']} {'packed ' if plan['packed'] else ''}rows per epoch"
-    return (f"**Memory:** {verdict['message']}.  \n**Training:** {plan['steps']} optimiser steps of "
+    processes = plan.get("processes", 1)
+    on = (f" on {processes} processes (scaling efficiency {plan['scaling_efficiency']:.0%} assumed until a run "
+          "measures it)" if processes > 1 else "")
+    return (f"**Memory:** {verdict['message']}.  \n**Training:** {plan['steps']} optimiser steps{on} of "
             f"{plan['examples_per_step']:.1f} examples ({rows}) × {fmt_seconds(plan['seconds_per_step'])} + "
             f"{plan['evaluations']} validation passes ≈ **{fmt_seconds(plan['train_seconds'])}** (m:ss), "
             f"{plan['cost']:.2f} at the card's price per GPU hour ({'within' if plan['within_budget'] else 'OVER'} "

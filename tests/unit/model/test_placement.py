@@ -140,6 +140,12 @@ def test_ddp_over_both_gpus_when_the_card_asks() -> None:
                        r".*\); set num_processes: 2$"):
         decide(card("lora", distributed__launcher="accelerate", distributed__strategy="ddp",
                     distributed__num_processes=4), profile("2xt4"), world_size=1, kernels=NONE)
+    two = dict(distributed__launcher="accelerate", distributed__strategy="ddp", distributed__num_machines=2)
+    assert decide(card("lora", distributed__num_processes=4, **two), profile("2xt4"), world_size=1,
+                  kernels=NONE).gpus_used == 2  # 2 machines × 2 processes: this machine drives its 2 GPUs
+    with pytest.raises(CardError, match=r"^distributed.num_processes: 8 over 2 machines is 4 per machine but this "
+                       r"machine has 2 GPU\(s\) .*; set num_processes: 4$"):
+        decide(card("lora", distributed__num_processes=8, **two), profile("2xt4"), world_size=1, kernels=NONE)
 
 
 @pytest.mark.parametrize("name, kernels, attention, path", [

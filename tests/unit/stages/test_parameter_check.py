@@ -135,3 +135,12 @@ def test_a_nan_in_a_check_fails_the_stage_as_its_own_finding(stage03) -> None:
             pc.decide(stage, checks)
     finally:
         checks.accumulation = measured
+
+
+def test_plan_text_states_the_processes_and_the_assumed_efficiency(stage03) -> None:
+    stage, checks, _ = stage03
+    one = pc.plan_text(stage.card, checks.fit)
+    assert "processes" not in one and "optimiser steps of" in one
+    several = {**checks.fit, "plan": {**checks.fit["plan"], "processes": 4, "scaling_efficiency": 0.9}}
+    assert "optimiser steps on 4 processes (scaling efficiency 90% assumed until a run measures it) of" \
+        in pc.plan_text(stage.card, several)
