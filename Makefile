@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 CARD   ?= params/quickstart.yaml
 
-.PHONY: run test test-fast test-slow bench lab venv clean-runs chromium
+.PHONY: run test test-fast test-slow bench lab venv clean-runs chromium skypilot
 
 # Reinstalled only when requirements.txt or pyproject.toml is newer than the stamp (or .venv is missing):
 # a second call installs nothing.
@@ -26,12 +26,22 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null); } || \
 		echo "chromium could not be installed: the report's browser test will be skipped"
 
+# SkyPilot in an environment of its own (.venv-sky): skypilot pins click<8.2, huggingface_hub in .venv needs
+# click>=8.4.2, so one environment cannot hold both; the test that runs SkyPilot's parser on a written task uses it
+# (tests/unit/experiment/test_launch_files.py), and is skipped with the reason where it cannot be installed
+SKY_STAMP := .venv-sky/.installed
+skypilot: $(SKY_STAMP)
+$(SKY_STAMP):
+	@{ test -x .venv-sky/bin/python || $(PYTHON) -m venv .venv-sky; } && \
+		.venv-sky/bin/python -m pip install --disable-pip-version-check -q skypilot==0.14.1 && touch $(SKY_STAMP) || \
+		echo "skypilot could not be installed in .venv-sky: the SkyPilot parser test will be skipped"
+
 venv: $(STAMP)
 
 run: $(STAMP)
 	$(BIN)/labkit run $(CARD)
 
-test: $(STAMP) chromium
+test: $(STAMP) chromium skypilot
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)
