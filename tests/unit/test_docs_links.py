@@ -134,7 +134,8 @@ def test_a_broken_link_is_found(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ file and module references in text
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".yaml", ".yml", ".ipynb", ".cfg", ".txt"}
-SKIP_PARTS = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", "build", "dist", "runs", "node_modules"}
+SKIP_PARTS = {".git", ".venv", ".venv-sky", "venv", "__pycache__", ".pytest_cache", "build", "dist", "runs",
+              "node_modules"}
 FILE_REF = re.compile(r"(?<![\w./-])((?:labkit|tests|docs|bench|notebooks)/[\w./-]*\w\.(?:py|md|ipynb|yaml|json|toml))\b")
 MODULE_REF = re.compile(r"\blabkit(?:\.[A-Za-z_]\w*)+")
 
