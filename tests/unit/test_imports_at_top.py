@@ -17,6 +17,8 @@ ALLOWED = {
     ("labkit.card.experiment_and_data", "jsonschema"): "jsonschema takes ~2 s to import (its URI grammar): only "
                                                        "cards with a drop_target_failing_schema rule pay it, not every "
                                                        "card load",
+    ("labkit.data.sources", "jsonschema"): "the same ~2 s, paid by every stage kernel that prepares data: only a "
+                                           "drop_target_failing_schema rule validates targets",
     ("labkit.data.prompting", "trl.trainer.sft_trainer"): "trl's SFT module loads peft, bitsandbytes and accelerate "
                                                            "(seconds; bitsandbytes logs as it loads): only a tokenizer "
                                                            "whose pad is its EOS needs its collator",
