@@ -101,10 +101,10 @@ def test_skypilot_parser_accepts_the_task(written: dict, tmp_path: Path) -> None
              "print(json.dumps({'nodes': task.num_nodes, 'accelerators': res.accelerators,\n"
              "    'mounts': sorted(task.storage_mounts), 'run': task.run}))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SKYPILOT", "AWS", "GOOGLE"))}
-    env.update(HOME=str(tmp_path))
-    if not sky_python.exists():
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    python = str(sky_python) if sky_python.exists() else sys.executable
+    env["HOME"] = str(tmp_path)
+    python = str(sky_python)
+    if not sky_python.exists():  # skypilot beside labkit in this environment
+        python, env["PYTHONPATH"] = sys.executable, os.pathsep.join(p for p in sys.path if p)
     got = subprocess.run([python, "-c", probe, str(written["out"] / "skypilot" / "task.yaml")], env=env,
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
