@@ -6,7 +6,7 @@ recipe (NF4, `paged_adamw_8bit`) on labkit's built-in dialogues:
 
 - arms: both tiny models in bf16 and forced fp16, the Llama in bf16 with and without activation checkpointing and in
   fp16; on each, the fit verdict (`labkit.preflight.sizing.fit_verdict`) against `torch.cuda.mem_get_info`, a
-  measured step (`labkit.preflight.measure.measure_step`: `max_memory_allocated`) against the estimate
+  measured step (`labkit.preflight.timing.measure_step`: `max_memory_allocated`) against the estimate
   (`labkit.preflight.memory.estimate_step`) and `max_memory_reserved` against the verdict's need, tokens/s after
   warm-up steps, and stage 03's update, accumulation and checkpointing checks (`labkit.preflight.stepchecks`);
 - generation: one batch of the evaluation procedure on the Llama loaded in 4 bits (bitsandbytes), logits finite;

@@ -34,7 +34,8 @@ def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto") ->
     from labkit.model.loading import load_model, load_tokenizer, pick_device
     from labkit.model.method import apply_method
     from labkit.model.sources import resolve
-    from labkit.preflight.measure import loss_fraction, measure_step
+    from labkit.preflight.measure import loss_fraction
+    from labkit.preflight.timing import measure_step
     from labkit.preflight.memory import estimate_step
     from labkit.preflight.memory_check import loaded_bytes
 

@@ -8,7 +8,11 @@ ratio (old / new, medians), and the findings side by side: update, accumulation 
 estimate's errors against the measurement, the fit verdict, the time plan.
 
 Run: .venv/bin/python bench/stage03_cost.py [--cards params/quickstart.yaml params/examples/ticket-packed.yaml]
-     [--base 51f0d56] [--repeats 1] [--prepared RUN …] [--base-cache DIR]
+     [--base 51f0d56] [--repeats 1] [--prepared RUN …] [--base-prepared RUN …] [--base-cache DIR]
+
+A base whose card schema rejects the card.yaml this checkout archives (keys added since) runs on run folders
+prepared by its own code: `--base-prepared`, made with `prepare(card, runs, tree)` where tree is the base's
+`checkout` (stages 01–02 are deterministic: the same splits and lengths).
 
 The base commit reads its model cache in its own format: when this checkout has rewritten the shared cache's
 records (e.g. the GGUF's .sha256 sidecar as JSON), give the base runs a cache of their own with --base-cache
@@ -54,11 +58,11 @@ def labkit(tree: Path, runs: Path, *args: str, cache: str | None = None) -> tupl
     return time.perf_counter() - start, proc
 
 
-def prepare(card: str, runs: Path) -> Path:
-    """Stages 01–02 of `card` (this checkout's code) in a fresh run; the run folder."""
+def prepare(card: str, runs: Path, tree: Path = REPO) -> Path:
+    """Stages 01–02 of `card` (`tree`'s code: this checkout's by default) in a fresh run; the run folder."""
     for stage in ("baseline", "preprocessing"):
         found = [p for p in runs.glob("*/*") if (p / "card.yaml").exists()]
-        _, proc = labkit(REPO, runs, "stage", stage, card, *(["--run", str(found[0])] if found else []))
+        _, proc = labkit(tree, runs, "stage", stage, card, *(["--run", str(found[0])] if found else []))
         if proc.returncode != 0:
             raise SystemExit(f"{card}: stage {stage} failed:\n{(proc.stderr or proc.stdout)[-2000:]}")
     (run,) = [p for p in runs.glob("*/*") if (p / "card.yaml").exists()]
@@ -115,6 +119,9 @@ def main() -> None:
     parser.add_argument("--prepared", nargs="*", default=[], metavar="RUN",
                         help="run folders with stages 01-02 done, one per card in --cards order (skips preparing)")
     parser.add_argument("--base-cache", default=None, metavar="DIR", help="LABKIT_CACHE for the base commit's runs")
+    parser.add_argument("--base-prepared", nargs="*", default=[], metavar="RUN",
+                        help="run folders with stages 01-02 done by the base commit's code, one per card, for a base "
+                             "whose card schema rejects the card.yaml this checkout archives (newer keys)")
     args = parser.parse_args()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     results = []
@@ -123,9 +130,11 @@ def main() -> None:
         for i, card in enumerate(args.cards):
             prepared = Path(args.prepared[i]).resolve() if i < len(args.prepared) else \
                 prepare(card, Path(tmp) / "prepared" / Path(card).stem)
+            base_prepared = Path(args.base_prepared[i]).resolve() if i < len(args.base_prepared) else prepared
             pairs = []
             for r in range(args.repeats):
-                old = stage03(base, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{r}", args.base_cache)
+                old = stage03(base, card, base_prepared, Path(tmp) / "copies" / Path(card).stem, f"old-{r}",
+                              args.base_cache)
                 new = stage03(REPO, card, prepared, Path(tmp) / "copies" / Path(card).stem, f"new-{r}")
                 pairs.append((old, new))
             ok = [(o, n) for o, n in pairs if "error" not in o and "error" not in n]

@@ -100,7 +100,8 @@ def fit_and_memory(arm: Arm, loaded: Any, shared: Any, config: Any, tokenizer: A
     """
     import torch
 
-    from labkit.preflight.measure import free_device_memory, measure_step
+    from labkit.preflight.measure import free_device_memory
+    from labkit.preflight.timing import measure_step
     from labkit.preflight.memory import estimate_step
     from labkit.preflight.memory_check import compare, loaded_bytes
     from labkit.preflight.sizing import fit_verdict, paged_bytes

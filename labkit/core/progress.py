@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -79,6 +79,18 @@ def task(label: str, **fields: Any) -> Iterator[None]:
         emit(phase=TASK, label=label, state="failed", seconds=round(time.monotonic() - start, 1), **fields)
         raise
     emit(phase=TASK, label=label, state="end", seconds=round(time.monotonic() - start, 1), **fields)
+
+
+@contextmanager
+def timed(seconds: dict[str, float], name: str, label: str | None = None) -> Iterator[None]:
+    """Add the block's wall seconds to `seconds[name]`; with a label, report the block as a progress `task` (None where
+    the work inside reports its own parts)."""
+    start = time.perf_counter()
+    try:
+        with task(label) if label else nullcontext():
+            yield
+    finally:
+        seconds[name] = round(seconds.get(name, 0.0) + time.perf_counter() - start, 2)
 
 
 def stage_event(run_dir: Path, stage: str, state: str, **fields: Any) -> None:

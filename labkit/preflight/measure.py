@@ -1,4 +1,5 @@
-"""Measure what a real training step costs: peak memory above the pre-step baseline, and wall time.
+"""Measure what a real training step costs in memory: the peak above the pre-step baseline (its time:
+`labkit.preflight.timing`).
 
 On CUDA the peak is `torch.cuda.max_memory_allocated`. On the CPU it is the process's peak
 resident memory: Linux lets a process reset its high-water mark (VmHWM, via /proc/self/clear_refs),
@@ -13,7 +14,6 @@ import ctypes
 import gc
 import re
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -233,71 +233,38 @@ def loss_fraction(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> flo
     return sum(sum(1 for x in e.labels if x != IGNORE) for e in encoded) / tokens if tokens else 1.0
 
 
-def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
-                 output_dir: Path, device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
-                 encoded: list[Any] | None = None, **overrides: Any) -> dict[str, Any]:
-    """Run `steps` complete training steps of the stage-04 trainer at `seq_len`, measure their memory, then time them.
+def fixed_steps(steps: int) -> dict[str, Any]:
+    """The trainer settings of a measured or timed pass: `steps` steps at a constant learning rate, one log line."""
+    return dict(max_steps=steps, lr_scheduler_type="constant", warmup_steps=0, logging_steps=steps, disable_tqdm=True)
+
+
+def memory_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, output_dir: Path,
+                device: str = "cpu", steps: int = 2, **overrides: Any) -> dict[str, Any]:
+    """Run `steps` complete training steps of the stage-04 trainer on `data` and measure their peak memory.
 
     The first step allocates the optimiser states; the second runs with them in place, so the peak over both is the
-    steady-state peak of training. The memory pass runs with the allocator set for exact figures (which slows a CPU
-    step), so the time is taken by a second pass of `steps` steps with the allocator as training has it
-    (`fast_allocator`), followed by one evaluation of `eval_rows` when given.
+    steady-state peak of training. Run it before any unmeasured training in the process: the allocator is set for
+    exact figures (`release_promptly`, which slows a CPU step), and the memory steps under glibc's own thresholds
+    leave in the heap would be counted here as the step's (`labkit.preflight.timing.Phases`).
 
     Args:
         card: the card (micro-batch, optimiser, checkpointing, …).
-        model: the model after `apply_method`, freshly loaded (its weights are in the baseline).
+        model: the model after `apply_method`, at its initial weights (they are in the baseline).
         tokenizer: the tokenizer.
-        rows: prepared training rows (their tokens fill the examples).
-        seq_len: tokens per example.
+        data: the training examples (`fixed_length_dataset`).
+        seq_len: their tokens (for the progress line).
         output_dir: scratch folder for the trainer.
         device: the model's device.
         steps: optimiser steps.
-        eval_rows: validation rows (one evaluation batch, `eval.batch_size` rows) to time the trainer's evaluation on.
-        encoded: the rows encoded once (`encode_rows`), for `fixed_length_dataset`.
         overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
     Returns:
-        {"seq_len", "micro_batch", "grad_accum", "memory": {...}, "step_seconds": [...], "seconds_per_step",
-         "memory_pass_seconds": [...], "loss", "eval_seconds", "eval_tokens"} — eval_tokens: the padded tokens
-         (rows × longest row per batch) the timed evaluation processed; None without eval_rows.
+        {"memory": PeakMemory.as_dict(), "memory_pass_seconds": [...], "loss": [...]}.
     """
-    micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
-    accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
-    data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
-    memory_timer = StepTimer()
-    fixed = dict(max_steps=steps, lr_scheduler_type="constant", warmup_steps=0, logging_steps=steps, disable_tqdm=True)
-    trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, **fixed, **overrides)
-    trainer.add_callback(memory_timer)
+    timer = StepTimer()
+    trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, **fixed_steps(steps), **overrides)
+    trainer.add_callback(timer)
     touch_weights(model)
-    with task(f"memory: pass 1/2 at {seq_len} tokens, {steps} steps measured"), PeakMemory(device) as peak:
+    with task(f"memory: {steps} steps at {seq_len} tokens, measured"), PeakMemory(device) as peak:
         trainer.train()
     loss = [e["loss"] for e in trainer.state.log_history if "loss" in e]
-    del trainer
-    timer, evaluation = StepTimer(), {"eval_seconds": None, "eval_tokens": None}
-    if device.split(":")[0] != "cuda":
-        fast_allocator()
-    try:
-        timed = build_trainer(card, model, tokenizer, data, output_dir / "timed", device=device,
-                              eval_rows=(eval_rows or None) if card.train.trainer == "sft" else None,
-                              eval_strategy="no", **fixed, **overrides)
-        timed.add_callback(timer)
-        with task(f"memory: pass 2/2 at {seq_len} tokens, {steps} steps timed"):
-            timed.train()
-        if eval_rows and card.train.trainer == "sft":
-            with task(f"timing one evaluation batch of {len(eval_rows)} rows"):
-                evaluation = _time_evaluation(timed)
-    finally:
-        if device.split(":")[0] != "cuda":
-            release_promptly()
-    return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, "memory": peak.as_dict(),
-            "step_seconds": timer.seconds, "seconds_per_step": timer.seconds[-1] if timer.seconds else None,
-            "memory_pass_seconds": memory_timer.seconds, "loss": loss, **evaluation}
-
-
-def _time_evaluation(trainer: Any) -> dict[str, Any]:
-    """One `trainer.evaluate()` over its evaluation set: the seconds and the padded tokens it processed."""
-    lengths = [len(ids) for ids in trainer.eval_dataset["input_ids"]]
-    batch = trainer.args.per_device_eval_batch_size
-    tokens = sum(len(lengths[i:i + batch]) * max(lengths[i:i + batch]) for i in range(0, len(lengths), batch))
-    start = time.perf_counter()
-    trainer.evaluate()
-    return {"eval_seconds": time.perf_counter() - start, "eval_tokens": tokens}
+    return {"memory": peak.as_dict(), "memory_pass_seconds": timer.seconds, "loss": loss}

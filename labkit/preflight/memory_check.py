@@ -1,7 +1,9 @@
-"""Stage 03's memory check: a real step measured at each representative length, set against the estimate.
+"""Stage 03's memory check: a real step measured at each representative length, set against the estimate, then timed.
 
-`labkit.preflight.measure.measure_step` measures; this module runs it on the shared model
-(`labkit.preflight.shared.SharedModel`) at stage 03's lengths, once per distinct length, and compares.
+`labkit.preflight.measure.memory_pass` measures and `labkit.preflight.timing.timed_pass` times; this module runs
+them on the shared model (`labkit.preflight.shared.SharedModel`) at stage 03's lengths, once per distinct length:
+every length measured first (`measure_lengths`), while no unmeasured step has run in the process, and every length
+timed after (`time_lengths`, with the allocator a training process has), then compared (`compare`).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from typing import Any, Callable, TypedDict
 
 from labkit.card.schema import Card
 from labkit.core.progress import task
-from labkit.preflight.measure import measure_step
+from labkit.preflight.measure import fixed_length_dataset, memory_pass
 from labkit.preflight.memory import GIB
 from labkit.preflight.records import MemoryEstimate
+from labkit.preflight.timing import timed_pass
+
+STEPS = 2  # steps of each measured and timed pass: the first allocates the optimiser states, the second runs with them
 
 
 class MemoryReport(TypedDict, total=False):
@@ -39,9 +44,8 @@ def loaded_bytes(model: Any) -> int:
 
 
 def measure(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
-            device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None, encoded: list[Any] | None = None
-            ) -> dict[str, Any]:
-    """Two real steps of the stage-04 trainer at `seq_len`, measured, then timed (`measure_step`), on the model
+            device: str = "cpu", encoded: list[Any] | None = None) -> dict[str, Any]:
+    """Two real steps of the stage-04 trainer at `seq_len`, their peak memory measured (`memory_pass`), on the model
     `make_model` returns with its initial weights.
 
     Args:
@@ -51,16 +55,37 @@ def measure(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: lis
         rows: prepared training rows.
         seq_len: tokens per example.
         device: the device.
-        eval_rows: one evaluation batch of validation rows to time (None: no evaluation timed).
         encoded: the rows encoded once.
     Returns:
-        `measure_step`'s result plus "weights_bytes" (counted) and "peak_bytes" (weights + step).
+        {"seq_len", "micro_batch", "grad_accum", "memory", "memory_pass_seconds", "loss", "weights_bytes" (counted),
+         "peak_bytes" (weights + step)}.
     """
     model = make_model()
     weights = loaded_bytes(model)
-    result = measure_step(card, model, tokenizer, rows, seq_len, Path(tempfile.mkdtemp(prefix="labkit-mem-")),
-                          device=device, eval_rows=eval_rows, encoded=encoded)
-    return {**result, "weights_bytes": weights, "peak_bytes": weights + result["memory"]["delta_bytes"]}
+    data = _data(card, tokenizer, rows, seq_len, encoded)
+    result = memory_pass(card, model, tokenizer, data, seq_len, Path(tempfile.mkdtemp(prefix="labkit-mem-")), device)
+    return {"seq_len": seq_len, "micro_batch": card.train.micro_batch, "grad_accum": card.train.grad_accum, **result,
+            "weights_bytes": weights, "peak_bytes": weights + result["memory"]["delta_bytes"]}
+
+
+def _data(card: Card, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int, encoded: list[Any] | None) -> Any:
+    """Two steps' worth of examples of exactly `seq_len` tokens (the same for the measured and the timed pass)."""
+    t = card.train
+    return fixed_length_dataset(tokenizer, card, rows, seq_len, t.micro_batch * t.grad_accum * STEPS, encoded=encoded)
+
+
+def time_length(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
+                device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None,
+                encoded: list[Any] | None = None) -> dict[str, Any]:
+    """The same two steps at `seq_len`, timed (`timed_pass`), then one evaluation batch of `eval_rows` when given.
+
+    Returns:
+        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens"}.
+    """
+    model = make_model()
+    data = _data(card, tokenizer, rows, seq_len, encoded)
+    return timed_pass(card, model, tokenizer, data, seq_len, Path(tempfile.mkdtemp(prefix="labkit-time-")), device,
+                      STEPS, eval_rows)
 
 
 def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -79,8 +104,7 @@ def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> 
             rows.append({"seq_len": est["seq_len"], "micro_batch": est["micro_batch"],
                          "weights_gib_loaded": got["weights_bytes"] / GIB, "step_gib_measured": step / GIB,
                          "step_error": None, "peak_gib_measured": got["peak_bytes"] / GIB,
-                         "seconds_per_step": got["seconds_per_step"], "measured_by": got["memory"]["method"],
-                         "note": est["note"]})
+                         "measured_by": got["memory"]["method"], "note": est["note"], **_timed(got)})
             continue
         rows.append({"seq_len": est["seq_len"], "micro_batch": est["micro_batch"],
                      "weights_gib_estimated": est["weights_bytes"] / GIB, "weights_gib_loaded": got["weights_bytes"] / GIB,
@@ -88,31 +112,55 @@ def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> 
                      "step_error": (est["step_bytes"] - step) / step if step else None,
                      "peak_gib_estimated": est["peak_bytes"] / GIB, "peak_gib_measured": got["peak_bytes"] / GIB,
                      "peak_error": (est["peak_bytes"] - got["peak_bytes"]) / got["peak_bytes"],
-                     "seconds_per_step": got["seconds_per_step"], "measured_by": got["memory"]["method"]})
+                     "measured_by": got["memory"]["method"], **_timed(got)})
     return rows
 
 
-def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
-                    encoded: list[Any] | None, lengths: dict[str, int], estimates: list[MemoryEstimate],
-                    device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None) -> MemoryReport:
-    """`measure` at each of stage 03's lengths, against the estimates.
+def _timed(measured: dict[str, Any]) -> dict[str, Any]:
+    """The step time of a measurement once `time_lengths` timed it ({} before)."""
+    return {"seconds_per_step": measured["seconds_per_step"]} if "seconds_per_step" in measured else {}
 
-    Two equal lengths (a packed card's p95 and max are often both max_length) are one measurement, recorded for
-    both; the evaluation batch (the same rows whatever the training length) is timed once, with the first length.
+
+def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
+                    encoded: list[Any] | None, lengths: dict[str, int], device: str = "cpu") -> list[dict[str, Any]]:
+    """`measure` at each of stage 03's lengths; two equal lengths (a packed card's p95 and max are often both
+    max_length) are one measurement, recorded for both.
 
     Args:
         card, make_model, tokenizer, rows, encoded, device: as for `measure`.
         lengths: {"p95": tokens, "max": tokens}.
-        estimates: the estimate at each length, in the same order.
-        eval_rows: one evaluation batch of validation rows.
     Returns:
-        {"lengths", "estimates", "measured", "comparison"}.
+        one measurement per length, in the order of `lengths`.
     """
     done: dict[int, dict[str, Any]] = {}
     distinct = list(dict.fromkeys(lengths.values()))
     for i, n in enumerate(distinct, 1):
         with task(f"memory: measuring a full step at {n} tokens (length {i}/{len(distinct)})"):
-            done[n] = measure(card, make_model, tokenizer, rows, n, device, eval_rows=None if done else eval_rows,
-                              encoded=encoded)
-    measured = [done[n] for n in lengths.values()]
+            done[n] = measure(card, make_model, tokenizer, rows, n, device, encoded=encoded)
+    return [done[n] for n in lengths.values()]
+
+
+def time_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
+                 encoded: list[Any] | None, measured: list[dict[str, Any]], device: str = "cpu",
+                 eval_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """`time_length` at each measured length (equal lengths timed once), the evaluation batch timed once, with the
+    first; each measurement with its times added.
+
+    Args:
+        card, make_model, tokenizer, rows, encoded, device: as for `measure`.
+        measured: `measure_lengths`' answer.
+        eval_rows: one evaluation batch of validation rows.
+    Returns:
+        the measurements, each with "step_seconds", "seconds_per_step", "eval_seconds" and "eval_tokens".
+    """
+    done: dict[int, dict[str, Any]] = {}
+    distinct = list(dict.fromkeys(m["seq_len"] for m in measured))
+    for i, n in enumerate(distinct, 1):
+        with task(f"timing a full step at {n} tokens (length {i}/{len(distinct)})"):
+            done[n] = time_length(card, make_model, tokenizer, rows, n, device, None if done else eval_rows, encoded)
+    return [{**m, **done[m["seq_len"]]} for m in measured]
+
+
+def report(lengths: dict[str, int], estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> MemoryReport:
+    """memory.json's lengths, estimates, measurements and their comparison (`compare`)."""
     return {"lengths": lengths, "estimates": estimates, "measured": measured, "comparison": compare(estimates, measured)}

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from labkit.preflight.measure import trim
 
 
 class SharedModel:
@@ -50,8 +49,7 @@ class SharedModel:
                 if name in self._initial:
                     param.copy_(self._initial[name])
         self.restores += 1
-        gc.collect()
-        trim()
+        gc.collect()  # the last arm's trainer (a measurement trims the heap itself; a timed step must not)
 
     def changed(self) -> list[str]:
         """Trainable tensors that differ from their initial weights (none right after `restore`)."""

@@ -108,7 +108,7 @@ def time_plan(card: Card, train_lengths: list[int], validation_lengths: list[int
         card: the card.
         train_lengths: tokens of each training example (`labkit.stages.parameter_check.token_lengths`).
         validation_lengths: tokens of each validation example.
-        measured: stage 03's measurements (`labkit.preflight.measure.measure_step`), each with seq_len,
+        measured: stage 03's measurements (`labkit.preflight.memory_check.time_lengths`), each with seq_len,
             seconds_per_step and grad_accum.
         rejected: the data manifest's `preference.from_base_model` block (base-model rejected answers), if any.
     Returns:

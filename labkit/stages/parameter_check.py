@@ -2,21 +2,22 @@
 
 One model is loaded (the card's method applied) and shared by the checks (`labkit.preflight.shared.SharedModel`:
 each check, and each arm of a check, starts from the same initial weights); the training and validation rows are
-tokenised once. The arithmetic lives in `labkit.preflight` (estimate, measurement, step checks, time plan); the
-measurement against the estimate in `labkit.preflight.memory_check`.
+tokenised once. Memory is measured first — the step at each length, then the checkpointing arms — with glibc set
+for exact figures; then the allocator is set as a training process has it for everything that only times or
+compares: the timed steps, the update check and the accumulation check (`labkit.preflight.timing.Phases`, which
+refuses a measurement after them). The arithmetic lives in `labkit.preflight` (estimate, measurement, timing, step
+checks, time plan).
 """
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
 from labkit.card.schema import Card
-from labkit.core.progress import fmt_seconds, task
+from labkit.core.progress import fmt_seconds, timed
 from labkit.data.prompting import IGNORE, encode_rows
 from labkit.errors import StageFailed
 from labkit.model import method
@@ -24,11 +25,12 @@ from labkit.preflight import stepchecks
 from labkit.preflight.arms import SCALER_SKIPS
 from labkit.preflight.measure import free_device_memory
 from labkit.preflight.memory import estimate_generation, estimate_step
-from labkit.preflight.memory_check import MemoryReport, measure_lengths
+from labkit.preflight.memory_check import MemoryReport, measure_lengths, report, time_lengths
 from labkit.preflight.records import AccumulationCheck, CheckpointingCheck, FitVerdict, MemoryEstimate, TimePlan
 from labkit.preflight.records import UpdateCheck
 from labkit.preflight.shared import SharedModel
 from labkit.preflight.sizing import fit_verdict
+from labkit.preflight.timing import Phases
 from labkit.preflight.timeplan import packed_lengths, rejected_text, representative_lengths, time_plan
 from labkit.show import plots
 from labkit.stages import records
@@ -76,6 +78,7 @@ class Checks:
     validation_lengths: list[int]
     lengths: dict[str, int]  # the two lengths a step is measured at: {"p95", "max"}
     loss_fraction: float
+    phases: Phases  # memory measured first, then the unmeasured steps (timing, update, accumulation)
     parameters: list[dict[str, Any]] = field(default_factory=list)
     update: UpdateCheck | None = None
     estimates: list[MemoryEstimate] = field(default_factory=list)
@@ -84,25 +87,6 @@ class Checks:
     accumulation: AccumulationCheck | None = None
     checkpointing: CheckpointingCheck | None = None
     seconds: dict[str, float] = field(default_factory=dict)
-
-
-class _Timed:
-    """Context manager adding its wall seconds to `checks.seconds[name]` and, given a label, reporting its start and
-    end as a progress task (`labkit.core.progress.task`: what `labkit run` prints while stage 03 works; None where
-    the work inside reports its own parts)."""
-
-    def __init__(self, checks: Checks | dict[str, float], name: str, label: str | None) -> None:
-        self.seconds = checks.seconds if isinstance(checks, Checks) else checks
-        self.name = name
-        self.task = task(label) if label else contextlib.nullcontext()
-
-    def __enter__(self) -> None:
-        self.task.__enter__()
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.seconds[self.name] = round(self.seconds.get(self.name, 0.0) + time.perf_counter() - self.start, 2)
-        self.task.__exit__(*exc)
 
 
 def open_checks(stage: Stage) -> Checks:
@@ -115,9 +99,9 @@ def open_checks(stage: Stage) -> Checks:
         lengths.json), or of the packed rows for a packed card.
     """
     seconds: dict[str, float] = {}
-    with _Timed(seconds, "load_model", None):  # labkit.model.loading reports the loading
+    with timed(seconds, "load_model", None):  # labkit.model.loading reports the loading
         model = SharedModel(method.apply_method(stage.load_model(), stage.card))
-    with _Timed(seconds, "tokenise", "tokenising the training and validation rows"):
+    with timed(seconds, "tokenise", "tokenising the training and validation rows"):
         card, train_rows = stage.card, stage.split("train")
         encoded = encode_rows(stage.tokenizer, card, train_rows)
         train = [min(len(e.input_ids), card.data.max_length) for e in encoded]
@@ -127,7 +111,7 @@ def open_checks(stage: Stage) -> Checks:
         lengths = packed_lengths(card, train) if card.train.packing else representative_lengths(
             stage.read("preprocessing", "lengths.json"), card.data.max_length)
     return Checks(model=model, train_rows=train_rows, encoded=encoded, train_lengths=train, validation_lengths=validation,
-                  lengths=lengths, loss_fraction=fraction, seconds=seconds)
+                  lengths=lengths, loss_fraction=fraction, phases=Phases(stage.device), seconds=seconds)
 
 
 def token_lengths(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[int]:
@@ -156,7 +140,8 @@ def update(stage: Stage, checks: Checks) -> UpdateCheck:
     skips (named in the record, not counted).
     """
     card = stage.card
-    with _Timed(checks, "update_check", "update check: 2 optimiser steps"):
+    checks.phases.unmeasured_from_here()
+    with timed(checks.seconds, "update_check", "update check: 2 optimiser steps"):
         rows = checks.train_rows[: card.train.micro_batch * card.train.grad_accum * 2]
         trainer = build_trainer(card, checks.model(), stage.tokenizer, rows, Path(tempfile.mkdtemp(prefix="labkit-check-")),
                                 device=stage.device, max_steps=2 + SCALER_SKIPS, lr_scheduler_type="constant",
@@ -181,20 +166,39 @@ def generation(stage: Stage, checks: Checks) -> dict[str, Any]:
 
 
 def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> MemoryReport:
-    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`).
+    """The same step measured at each length on the shared model, against the estimate (`MEMORY_FILE`; the step
+    times are added by `time_steps`).
 
     Args:
         stage: stage 03's context.
-        checks: the shared state (`estimate` ran).
+        checks: the shared state (`estimate` ran; no unmeasured step yet).
         generated: `generation`'s estimate, written with the rest.
     Returns:
         {"lengths", "estimates", "measured", "comparison", "generation"}.
     """
-    with _Timed(checks, "memory_measurement", None):  # each length reports itself (labkit.preflight.memory_check)
+    checks.phases.measuring("the memory of a step")
+    with timed(checks.seconds, "memory_measurement", None):  # each length reports itself (labkit.preflight.memory_check)
+        measured = measure_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded,
+                                   checks.lengths, stage.device)
+    checks.memory = {**report(checks.lengths, checks.estimates, measured), "generation": generated}
+    stage.save_json(MEMORY_FILE, checks.memory)
+    return checks.memory
+
+
+def time_steps(stage: Stage, checks: Checks) -> MemoryReport:
+    """The measured step timed at each length, and one evaluation batch, with the allocator training has
+    (`MEMORY_FILE`, its measurements with their times).
+
+    Returns:
+        the memory report, each measurement with "step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens".
+    """
+    assert checks.memory is not None, "measure_memory first"
+    checks.phases.unmeasured_from_here()
+    with timed(checks.seconds, "timing", None):  # each length reports itself
         eval_rows = stage.split("validation")[: stage.card.eval.batch_size]
-        checks.memory = measure_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded,
-                                        checks.lengths, checks.estimates, stage.device, eval_rows)
-    checks.memory["generation"] = generated
+        measured = time_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded,
+                                checks.memory["measured"], stage.device, eval_rows)
+    checks.memory = {**report(checks.lengths, checks.estimates, measured), "generation": checks.memory["generation"]}
     stage.save_json(MEMORY_FILE, checks.memory)
     return checks.memory
 
@@ -208,7 +212,7 @@ def plot_memory(stage: Stage, checks: Checks) -> Any:
 
 def fit(stage: Stage, checks: Checks) -> Fit:
     """The fit verdict at the longest row against the free memory, and the time plan (`FIT_FILE`)."""
-    assert checks.memory is not None, "measure_memory first"
+    assert checks.memory is not None and "step_seconds" in checks.memory["measured"][0], "time_steps first"
     verdict = fit_verdict(stage.model_config, stage.card, checks.lengths["max"], free_device_memory(stage.device),
                           stage.device, loss_fraction=checks.loss_fraction)
     plan = time_plan(stage.card, checks.train_lengths, checks.validation_lengths, checks.memory["measured"],
@@ -243,11 +247,13 @@ def accumulation(stage: Stage, checks: Checks, free_bytes: float | None = None) 
         checks: the shared state.
         free_bytes: the memory free for the arms (default: `labkit.preflight.measure.free_device_memory`).
     """
-    with _Timed(checks, "accumulation_check", "accumulation check: 2 arms"):
+    checks.phases.unmeasured_from_here()
+    with timed(checks.seconds, "accumulation_check", "accumulation check: 2 arms"):
         free = free_device_memory(stage.device) if free_bytes is None else free_bytes
         checks.accumulation = stepchecks.accumulation_check(
             stage.card, checks.model, stage.tokenizer, checks.train_rows, stage.device, encoded=checks.encoded,
             config=stage.model_config, free_bytes=free, loss_fraction=checks.loss_fraction, skip_ignored=True)
+    checks.model.restore()  # the model leaves the checks as it was loaded
     stage.save_json(ACCUMULATION_FILE, checks.accumulation)
     return checks.accumulation
 
@@ -255,14 +261,15 @@ def accumulation(stage: Stage, checks: Checks, free_bytes: float | None = None) 
 def checkpointing(stage: Stage, checks: Checks, free_bytes: float | None = None) -> CheckpointingCheck:
     """The same batch (p95 length) with and without activation checkpointing (`CHECKPOINTING_FILE`).
 
-    Each arm (the one without checkpointing is larger than training) is costed first, as in `accumulation`.
+    Each arm (the one without checkpointing is larger than training) is costed first, as in `accumulation`; its
+    memory is measured, so it runs before any unmeasured step.
     """
-    with _Timed(checks, "checkpointing_check", "checkpointing check: 2 arms"):
+    checks.phases.measuring("activation checkpointing's memory")
+    with timed(checks.seconds, "checkpointing_check", "checkpointing check: 2 arms"):
         free = free_device_memory(stage.device) if free_bytes is None else free_bytes
         checks.checkpointing = stepchecks.checkpointing_check(
             stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.lengths["p95"], stage.device,
             config=stage.model_config, encoded=checks.encoded, free_bytes=free, loss_fraction=checks.loss_fraction)
-    checks.model.restore()  # the model leaves the checks as it was loaded
     stage.save_json(CHECKPOINTING_FILE, checks.checkpointing)
     return checks.checkpointing
 

@@ -20,7 +20,7 @@ def test_the_smoke_run_streams_stage_03_and_model_loading(smoke_run) -> None:
     lines = proc.stdout.splitlines()
     check = _section(lines, "parameter_check")
     for said in ("parameter_check: loading model tiny:llama on ", "parameter_check: update check: 2 optimiser steps done in ",
-                 "parameter_check: memory: measuring a full step at ", "parameter_check: memory: pass 2/2 at ",
+                 "parameter_check: memory: measuring a full step at ", "parameter_check: timing a full step at ",
                  "parameter_check: accumulation check: arm 2/2, ", "parameter_check: checkpointing check: arm 2/2, ",
                  "parameter_check: checkpointing check: 2 arms done in "):
         assert any(line.startswith("    " + said) for line in check), (said, check)

@@ -51,7 +51,7 @@ from labkit.card.update import updated
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
 from labkit.model.sources import resolve
-from labkit.preflight.measure import measure_step
+from labkit.preflight.timing import measure_step
 card = updated(load_card(Path(sys.argv[1]) / "params" / "smoke.yaml").card, json.loads(sys.argv[2]))
 tiny = resolve("tiny:llama")
 model = apply_method(load_model(tiny, card, "cpu"), card)

@@ -12,6 +12,7 @@ from conftest import REPO
 from labkit.core import io
 from labkit.data.prompting import encode_rows
 from labkit.errors import LabkitError, StageFailed
+from labkit.preflight.timing import Phases
 from labkit.stages.run_metrics import run_metrics
 from labkit.stages import parameter_check as pc
 from labkit.stages.context import open_stage
@@ -30,13 +31,14 @@ def stage03():
     checks = pc.open_checks(stage)
     pc.target_modules(stage, checks)
     pc.parameters(stage, checks)
-    pc.update(stage, checks)
     pc.estimate(stage, checks)
     pc.measure_memory(stage, checks, pc.generation(stage, checks))
     pc.plot_memory(stage, checks)
-    pc.fit(stage, checks)
-    pc.accumulation(stage, checks)
     pc.checkpointing(stage, checks)
+    pc.time_steps(stage, checks)
+    pc.fit(stage, checks)
+    pc.update(stage, checks)
+    pc.accumulation(stage, checks)
     summary = pc.decide(stage, checks)
     return stage, checks, summary
 
@@ -63,9 +65,9 @@ def test_summary_keeps_its_readers_keys_and_times_each_check(stage03) -> None:
     assert written["seconds_per_step"] == checks.fit["plan"]["seconds_per_step"] > 0
     assert len(written["estimate_error"]) == len(written["peak_gib"]) == 2
     timed = written["check_seconds"]
-    assert set(timed) == {"load_model", "tokenise", "update_check", "memory_measurement", "accumulation_check",
-                          "checkpointing_check"}
-    assert all(v >= 0 for v in timed.values()) and timed["memory_measurement"] > 0
+    assert set(timed) == {"load_model", "tokenise", "memory_measurement", "checkpointing_check", "timing",
+                          "update_check", "accumulation_check"}
+    assert all(v >= 0 for v in timed.values()) and timed["memory_measurement"] > 0 and timed["timing"] > 0
     assert written["seconds"] >= sum(timed.values()) - 1  # the stage's wall time covers its checks
 
 
@@ -78,7 +80,8 @@ def test_run_metrics_reads_the_stage_files(stage03) -> None:
 
 def test_the_shared_model_leaves_the_checks_as_it_was_loaded(stage03) -> None:
     _, checks, _ = stage03
-    assert checks.model.restores >= 7  # update, two lengths, two arms each of accumulation and checkpointing, the end
+    # two lengths measured and timed, two arms each of checkpointing and accumulation, the update, the end
+    assert checks.model.restores >= 10
     assert checks.model.changed() == []
     assert not checks.model.model.is_activation_checkpointing
     assert all(p.grad is None for p in checks.model.model.parameters())
@@ -100,11 +103,12 @@ def test_checks_not_measurable_on_this_device_are_shown_and_fail_nothing(stage03
     """Arms the estimate says cannot fit are skipped with the reason: the stage's verdict does not count them, the
     files, the decision line and the summary's `skipped` say so."""
     stage, checks, _ = stage03
-    measured = checks.accumulation, checks.checkpointing
+    measured, phases = (checks.accumulation, checks.checkpointing), checks.phases
     restores = checks.model.restores
     try:
-        accumulation = pc.accumulation(stage, checks, free_bytes=2**20)
+        checks.phases = Phases("cpu")  # a process still measuring (nothing is measured here: no arm fits)
         checkpointing = pc.checkpointing(stage, checks, free_bytes=2**20)
+        accumulation = pc.accumulation(stage, checks, free_bytes=2**20)
         assert checks.model.restores == restores + 1  # no arm ran (only the final restore)
         for name, result in ((pc.ACCUMULATION_FILE, accumulation), (pc.CHECKPOINTING_FILE, checkpointing)):
             assert result["skipped"].startswith("not measurable on this device: needs "), result["skipped"]
@@ -118,7 +122,7 @@ def test_checks_not_measurable_on_this_device_are_shown_and_fail_nothing(stage03
                                "nonfinite": []}
         assert len(pc.failures(checks)) == 1  # a measured failure still fails
     finally:
-        checks.accumulation, checks.checkpointing = measured
+        (checks.accumulation, checks.checkpointing), checks.phases = measured, phases
         stage.save_json(pc.ACCUMULATION_FILE, checks.accumulation)
         stage.save_json(pc.CHECKPOINTING_FILE, checks.checkpointing)
     assert pc.failures(checks) == [] and "accumulation and checkpointing agree" in pc.decision_text(checks)
@@ -144,3 +148,26 @@ def test_plan_text_states_the_processes_and_the_assumed_efficiency(stage03) -> N
     several = {**checks.fit, "plan": {**checks.fit["plan"], "processes": 4, "scaling_efficiency": 0.9}}
     assert "optimiser steps on 4 processes (scaling efficiency 90% assumed until a run measures it) of" \
         in pc.plan_text(stage.card, several)
+
+
+def test_memory_is_not_measured_after_an_unmeasured_step(stage03) -> None:
+    """Once the timed steps, the update or the accumulation check ran (the allocator is training's), a memory
+    measurement would reuse the memory they left in the process: it is refused in one line and writes nothing."""
+    stage, checks, _ = stage03
+    assert checks.phases.unmeasured  # the CPU run switched the allocator after the measured checks
+    before = stage.path(pc.MEMORY_FILE).read_bytes(), stage.path(pc.CHECKPOINTING_FILE).read_bytes()
+    with pytest.raises(StageFailed, match="run the notebook's cells in order"):
+        pc.measure_memory(stage, checks, checks.memory["generation"])
+    with pytest.raises(StageFailed, match="activation checkpointing's memory is measured before"):
+        pc.checkpointing(stage, checks)
+    assert (stage.path(pc.MEMORY_FILE).read_bytes(), stage.path(pc.CHECKPOINTING_FILE).read_bytes()) == before
+
+
+def test_every_length_is_measured_before_any_is_timed(stage03) -> None:
+    """The memory pass and the timed pass of each length are recorded with their times; the time plan reads them."""
+    _, checks, _ = stage03
+    for measured in checks.memory["measured"]:
+        assert measured["memory_pass_seconds"] and measured["step_seconds"] and measured["seconds_per_step"] > 0
+    assert sum(m["eval_seconds"] is not None for m in checks.memory["measured"]) >= 1  # the evaluation batch, once
+    assert [r["seconds_per_step"] for r in checks.memory["comparison"]] == \
+        [m["seconds_per_step"] for m in checks.memory["measured"]]

@@ -81,7 +81,7 @@ def test_packing_tolerance_follows_the_dtype(card, tiny_model) -> None:
 
 
 def test_stage03_measurement_of_a_packing_card(card, tiny_model) -> None:
-    from labkit.preflight.measure import measure_step
+    from labkit.preflight.timing import measure_step
 
     card = updated(card, {"train.packing": True})  # stage 03 measures with fixed-length rows that carry no position ids
     rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:8]

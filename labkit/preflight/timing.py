@@ -1,0 +1,132 @@
+"""Time what a real training step costs, with the allocator a training process has.
+
+Stage 03 measures memory first (`labkit.preflight.measure.memory_pass`, glibc set for exact figures, which slows a
+CPU step) and times after, with glibc's own thresholds (`labkit.preflight.measure.fast_allocator`): a timed pass of
+the stage-04 trainer at a representative length, and one evaluation batch, which the time plan
+(`labkit.preflight.timeplan.time_plan`) replays over the whole training run.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from labkit.card.schema import Card
+from labkit.core.progress import task
+from labkit.errors import StageFailed
+from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass
+from labkit.preflight.measure import release_promptly
+from labkit.train.callbacks import StepTimer
+from labkit.train.trainer import build_trainer
+
+
+def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, output_dir: Path,
+               device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
+               **overrides: Any) -> dict[str, Any]:
+    """Run `steps` steps of the stage-04 trainer on `data` and time each; then one evaluation of `eval_rows`.
+
+    The last step is the step time (the first allocates the optimiser states; the time plan charges its extra once).
+
+    Args:
+        card: the card.
+        model: the model after `apply_method`, at its initial weights.
+        tokenizer: the tokenizer.
+        data: the training examples (`labkit.preflight.measure.fixed_length_dataset`), `steps` steps' worth.
+        seq_len: their tokens (for the progress line).
+        output_dir: scratch folder for the trainer.
+        device: the model's device.
+        steps: optimiser steps.
+        eval_rows: validation rows (one evaluation batch, `eval.batch_size` rows) to time the trainer's evaluation on
+            (sft cards; None: no evaluation timed).
+        overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
+    Returns:
+        {"step_seconds": [...], "seconds_per_step", "eval_seconds", "eval_tokens"} — eval_tokens: the padded tokens
+        (rows × longest row per batch) the timed evaluation processed; both None without eval_rows.
+    """
+    timer, evaluation = StepTimer(), {"eval_seconds": None, "eval_tokens": None}
+    evaluated = eval_rows if eval_rows and card.train.trainer == "sft" else None
+    trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, eval_rows=evaluated,
+                            eval_strategy="no", **fixed_steps(steps), **overrides)
+    trainer.add_callback(timer)
+    with task(f"timing: {steps} steps at {seq_len} tokens"):
+        trainer.train()
+    if evaluated:
+        with task(f"timing one evaluation batch of {len(evaluated)} rows"):
+            evaluation = time_evaluation(trainer)
+    return {"step_seconds": timer.seconds, "seconds_per_step": timer.seconds[-1] if timer.seconds else None,
+            **evaluation}
+
+
+def time_evaluation(trainer: Any) -> dict[str, Any]:
+    """One `trainer.evaluate()` over its evaluation set: the seconds and the padded tokens it processed."""
+    lengths = [len(ids) for ids in trainer.eval_dataset["input_ids"]]
+    batch = trainer.args.per_device_eval_batch_size
+    tokens = sum(len(lengths[i:i + batch]) * max(lengths[i:i + batch]) for i in range(0, len(lengths), batch))
+    start = time.perf_counter()
+    trainer.evaluate()
+    return {"eval_seconds": time.perf_counter() - start, "eval_tokens": tokens}
+
+
+def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
+                 output_dir: Path, device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
+                 encoded: list[Any] | None = None, **overrides: Any) -> dict[str, Any]:
+    """One length measured, then timed: `memory_pass`, then `timed_pass` with the allocator as training has it
+    (`fast_allocator`), then the allocator set back for exact figures.
+
+    Stage 03 runs every measured pass first and every timed pass after (`labkit.preflight.memory_check`); this is
+    the one-length form the benchmarks and tests use.
+
+    Args:
+        card, model, tokenizer, device, steps, overrides: as for `labkit.preflight.measure.memory_pass`.
+        rows: prepared training rows (their tokens fill the examples).
+        seq_len: tokens per example.
+        output_dir: scratch folder for the trainers.
+        eval_rows: validation rows (one evaluation batch) to time the trainer's evaluation on.
+        encoded: the rows encoded once (`encode_rows`), for `fixed_length_dataset`.
+    Returns:
+        {"seq_len", "micro_batch", "grad_accum", "memory", "memory_pass_seconds", "loss", "step_seconds",
+         "seconds_per_step", "eval_seconds", "eval_tokens"}.
+    """
+    micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
+    accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
+    data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
+    measured = memory_pass(card, model, tokenizer, data, seq_len, output_dir, device, steps, **overrides)
+    if device.split(":")[0] != "cuda":
+        fast_allocator()
+    try:
+        timed = timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, steps, eval_rows,
+                           **overrides)
+    finally:
+        if device.split(":")[0] != "cuda":
+            release_promptly()
+    return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, **measured, **timed}
+
+
+class Phases:
+    """Stage 03's two phases in one process: memory measured (glibc set for exact figures, `release_promptly`) until
+    the first unmeasured step, then, for good, the allocator as a training process has it (`fast_allocator`; a step
+    under the measurement's setting is much slower on the CPU). A measurement after that would count the memory the
+    unmeasured steps left in the heap as the step's, so it is refused. On CUDA the allocator is PyTorch's and both
+    phases are one.
+
+    Args:
+        device: the device the steps run on.
+    """
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.unmeasured = False  # an unmeasured step ran
+
+    def measuring(self, what: str) -> None:
+        """Raise `StageFailed` when an unmeasured step already ran (CPU); `what` names the measurement."""
+        if self.unmeasured:
+            raise StageFailed(f"{what} is measured before any step is timed or the update and accumulation checks "
+                              "run (the memory they leave in the heap would be counted as the step's): restart the "
+                              "kernel and run the notebook's cells in order")
+
+    def unmeasured_from_here(self) -> None:
+        """Nothing is measured from here on: the allocator as training has it (CPU; once)."""
+        if not self.unmeasured and self.device.split(":")[0] != "cuda":
+            fast_allocator()
+            self.unmeasured = True
