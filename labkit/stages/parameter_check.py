@@ -3,10 +3,12 @@
 One model is loaded (the card's method applied) and shared by the checks (`labkit.preflight.shared.SharedModel`:
 each check, and each arm of a check, starts from the same initial weights); the training and validation rows are
 tokenised once. Memory is measured first — the step at each length, then the checkpointing arms — with glibc set
-for exact figures; then the allocator is set as a training process has it for everything that only times or
-compares: the timed steps, the update check and the accumulation check (`labkit.preflight.timing.Phases`, which
-refuses a measurement after them). The arithmetic lives in `labkit.preflight` (estimate, measurement, timing, step
-checks, time plan).
+for exact figures; then the allocator is set as a training process has it for everything that only checks, times
+or compares: the update check, the timed steps and one evaluation batch, the accumulation check
+(`labkit.preflight.timing.Phases`, which refuses a measurement after them). The update check runs before the
+evaluation batch: on a CPU with AVX512-BF16, bitsandbytes repacks 4-bit weights for inference at their first
+evaluation forward and keeps that layout when training resumes. The arithmetic lives in `labkit.preflight`
+(estimate, measurement, timing, step checks, time plan).
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ class Checks:
     validation_lengths: list[int]
     lengths: dict[str, int]  # the two lengths a step is measured at: {"p95", "max"}
     loss_fraction: float
-    phases: Phases  # memory measured first, then the unmeasured steps (timing, update, accumulation)
+    phases: Phases  # memory measured first, then the unmeasured steps (update, timing, accumulation)
     parameters: list[dict[str, Any]] = field(default_factory=list)
     update: UpdateCheck | None = None
     estimates: list[MemoryEstimate] = field(default_factory=list)

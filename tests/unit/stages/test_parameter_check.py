@@ -35,9 +35,9 @@ def stage03():
     pc.measure_memory(stage, checks, pc.generation(stage, checks))
     pc.plot_memory(stage, checks)
     pc.checkpointing(stage, checks)
+    pc.update(stage, checks)
     pc.time_steps(stage, checks)
     pc.fit(stage, checks)
-    pc.update(stage, checks)
     pc.accumulation(stage, checks)
     summary = pc.decide(stage, checks)
     return stage, checks, summary
@@ -65,8 +65,8 @@ def test_summary_keeps_its_readers_keys_and_times_each_check(stage03) -> None:
     assert written["seconds_per_step"] == checks.fit["plan"]["seconds_per_step"] > 0
     assert len(written["estimate_error"]) == len(written["peak_gib"]) == 2
     timed = written["check_seconds"]
-    assert set(timed) == {"load_model", "tokenise", "memory_measurement", "checkpointing_check", "timing",
-                          "update_check", "accumulation_check"}
+    assert set(timed) == {"load_model", "tokenise", "memory_measurement", "checkpointing_check", "update_check",
+                          "timing", "accumulation_check"}
     assert all(v >= 0 for v in timed.values()) and timed["memory_measurement"] > 0 and timed["timing"] > 0
     assert written["seconds"] >= sum(timed.values()) - 1  # the stage's wall time covers its checks
 
@@ -151,7 +151,7 @@ def test_plan_text_states_the_processes_and_the_assumed_efficiency(stage03) -> N
 
 
 def test_memory_is_not_measured_after_an_unmeasured_step(stage03) -> None:
-    """Once the timed steps, the update or the accumulation check ran (the allocator is training's), a memory
+    """Once the update check, the timed steps or the accumulation check ran (the allocator is training's), a memory
     measurement would reuse the memory they left in the process: it is refused in one line and writes nothing."""
     stage, checks, _ = stage03
     assert checks.phases.unmeasured  # the CPU run switched the allocator after the measured checks
