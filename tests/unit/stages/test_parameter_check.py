@@ -163,8 +163,9 @@ def test_memory_is_not_measured_after_an_unmeasured_step(stage03) -> None:
     assert (stage.path(pc.MEMORY_FILE).read_bytes(), stage.path(pc.CHECKPOINTING_FILE).read_bytes()) == before
 
 
-def test_every_length_is_measured_before_any_is_timed(stage03) -> None:
-    """The memory pass and the timed pass of each length are recorded with their times; the time plan reads them."""
+def test_each_length_carries_its_memory_pass_and_its_times(stage03) -> None:
+    """Each length's record holds its memory pass and its timed pass (the order between them is `Phases`' to keep:
+    test_memory_is_not_measured_after_an_unmeasured_step); the comparison shows the timed step."""
     _, checks, _ = stage03
     for measured in checks.memory["measured"]:
         assert measured["memory_pass_seconds"] and measured["step_seconds"] and measured["seconds_per_step"] > 0
