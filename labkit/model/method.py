@@ -72,14 +72,38 @@ def trainer_checkpointing(card: Card) -> bool:
     return card.train.gradient_checkpointing and card.distributed.strategy != "fsdp"
 
 
+def keep_training_layout(model: Any) -> int:
+    """Keep bitsandbytes' 4-bit weights in the layout training differentiates through.
+
+    On a CPU with AVX512-BF16, bitsandbytes 0.50 converts a `Linear4bit` weight to an inference layout at its first
+    forward in eval mode without grad (a validation pass) and keeps it: later training forwards then take a kernel
+    with no backward, so no gradient flows through the 4-bit layers to the layers below them (adapters below a
+    4-bit layer whose own update is still zero get none at all). A model that trains turns that conversion off.
+
+    Returns:
+        how many 4-bit layers had it on.
+    """
+    switched = 0
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            if getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False):
+                raise MethodError(f"{type(module).__name__} weights are already in bitsandbytes' CPU inference "
+                                  "layout: apply the method before any evaluation forward")
+            module.support_avx512bf16_for_cpu = False
+            switched += 1
+    return switched
+
+
 def prepare_kbit(model: Any, card: Card) -> Any:
-    """Prepare a 4-bit model for training as `method.quantisation.upcast` says.
+    """Prepare a 4-bit model for training as `method.quantisation.upcast` says, in the layout training needs
+    (`keep_training_layout`).
 
     all: PEFT's `prepare_model_for_kbit_training` (every non-4-bit weight to float32, embeddings and LM head
     included). norms: the base frozen and only the normalisation weights in float32; the embeddings and the LM head
     keep the weights' dtype (the trainer enables activation checkpointing itself, non-reentrant, so no input-grad
     hook is needed). Checkpointing is `trainer_checkpointing`'s one layer (FSDP's own under strategy fsdp).
     """
+    keep_training_layout(model)
     if card.method.quantisation.upcast == "all":
         return prepare_model_for_kbit_training(model, use_gradient_checkpointing=trainer_checkpointing(card))
     for name, param in model.named_parameters():

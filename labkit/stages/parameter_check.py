@@ -5,10 +5,9 @@ each check, and each arm of a check, starts from the same initial weights); the 
 tokenised once. Memory is measured first — the step at each length, then the checkpointing arms — with glibc set
 for exact figures; then the allocator is set as a training process has it for everything that only checks, times
 or compares: the update check, the timed steps and one evaluation batch, the accumulation check
-(`labkit.preflight.timing.Phases`, which refuses a measurement after them). The update check runs before the
-evaluation batch: on a CPU with AVX512-BF16, bitsandbytes repacks 4-bit weights for inference at their first
-evaluation forward and keeps that layout when training resumes. The arithmetic lives in `labkit.preflight`
-(estimate, measurement, timing, step checks, time plan).
+(`labkit.preflight.timing.Phases`, which refuses a measurement after them). A QLoRA model's 4-bit weights stay
+in the layout training differentiates through, evaluation forwards included (`method.keep_training_layout`). The
+arithmetic lives in `labkit.preflight` (estimate, measurement, timing, step checks, time plan).
 """
 
 from __future__ import annotations

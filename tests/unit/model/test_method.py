@@ -62,3 +62,26 @@ def test_target_modules_bad_regex_is_a_card_error(repo, tmp_path) -> None:
     path.write_text(text)
     with pytest.raises(CardError, match=r"bad.yaml:\d+: method\.target_modules: not a valid regular expression"):
         load_card(path)
+
+
+def _gradients(model, batch) -> dict:
+    model.train()
+    model.zero_grad()
+    model(**batch, labels=batch["input_ids"]).loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_qlora_trains_the_same_after_an_evaluation_pass_on_the_cpu(card, tiny_model) -> None:
+    """An evaluation forward (eval mode, no grad) must not change the next training step's gradients: bitsandbytes
+    would otherwise switch a CPU with AVX512-BF16 to its inference layout, whose matmul has no backward."""
+    card = updated(card, {"method.kind": "qlora"})
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    batch = {"input_ids": torch.randint(3, 60, (2, 12), generator=torch.Generator().manual_seed(0))}
+    before = _gradients(model, batch)
+    model.eval()
+    with torch.no_grad():
+        model(**batch)
+    after = _gradients(model, batch)
+    assert before.keys() == after.keys() and any(".lora_B." in n for n in before)
+    assert all(torch.equal(before[n], after[n]) for n in before), \
+        [n for n in before if not torch.equal(before[n], after[n])][:3]
