@@ -39,3 +39,24 @@ def test_early_stopping_on_validation_loss(tmp_path: Path, tiny_model) -> None:
         running_best = loss if running_best is None else min(running_best, loss)
     assert waited[-1] == 2 and 2 not in waited[:-1], (evals, waited)
     assert (tmp_path / f"checkpoint-{best_step}").is_dir()  # the best checkpoint is kept (and loaded at the end)  # the best checkpoint is kept (and loaded at the end)
+
+
+def _qlora_losses(card, tiny_model, rows, output: Path, evaluate: bool) -> list[float]:
+    model = apply_method(load_model(tiny_model, card, "cpu"), card)
+    trainer = build_trainer(card, model, load_tokenizer(tiny_model, card), rows[:16], output,
+                            eval_rows=rows[32:36] if evaluate else None, device="cpu", disable_tqdm=True,
+                            logging_steps=1)
+    trainer.train()
+    assert evaluate == any("eval_loss" in e for e in trainer.state.log_history)
+    return [e["loss"] for e in trainer.state.log_history if "loss" in e]
+
+
+def test_qlora_training_on_the_cpu_is_the_same_with_and_without_validation_passes(tmp_path: Path, tiny_model) -> None:
+    """A validation pass (eval mode, no grad) must leave the QLoRA steps after it as they were: on a CPU with
+    AVX512-BF16 bitsandbytes would otherwise leave its 4-bit weights in an inference layout with no backward."""
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "method.kind": "qlora", "train.max_steps": 4, "train.eval_steps": 1, "train.scheduler": "constant"})
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
+    plain = _qlora_losses(card, tiny_model, rows, tmp_path / "plain", evaluate=False)
+    evaluated = _qlora_losses(card, tiny_model, rows, tmp_path / "evaluated", evaluate=True)
+    assert len(plain) == 4 and plain == evaluated
