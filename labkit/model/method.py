@@ -72,7 +72,7 @@ def trainer_checkpointing(card: Card) -> bool:
     return card.train.gradient_checkpointing and card.distributed.strategy != "fsdp"
 
 
-def keep_training_layout(model: Any) -> int:
+def keep_training_layout(model: Any) -> None:
     """Keep bitsandbytes' 4-bit weights in the layout training differentiates through.
 
     On a CPU with AVX512-BF16, bitsandbytes 0.50 converts a `Linear4bit` weight to an inference layout at its first
@@ -80,18 +80,15 @@ def keep_training_layout(model: Any) -> int:
     with no backward, so no gradient flows through the 4-bit layers to the layers below them (adapters below a
     4-bit layer whose own update is still zero get none at all). A model that trains turns that conversion off.
 
-    Returns:
-        how many 4-bit layers had it on.
+    Raises:
+        MethodError: a 4-bit layer already took the inference layout (an evaluation forward before the method).
     """
-    switched = 0
     for module in model.modules():
         if getattr(module, "support_avx512bf16_for_cpu", False):
             if getattr(getattr(module.weight, "quant_state", None), "packing_format_for_cpu", False):
                 raise MethodError(f"{type(module).__name__} weights are already in bitsandbytes' CPU inference "
                                   "layout: apply the method before any evaluation forward")
             module.support_avx512bf16_for_cpu = False
-            switched += 1
-    return switched
 
 
 def prepare_kbit(model: Any, card: Card) -> Any:

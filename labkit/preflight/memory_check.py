@@ -132,11 +132,8 @@ def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, r
     Returns:
         one measurement per length, in the order of `lengths`.
     """
-    done: dict[int, dict[str, Any]] = {}
-    distinct = list(dict.fromkeys(lengths.values()))
-    for i, n in enumerate(distinct, 1):
-        with task(f"memory: measuring a full step at {n} tokens (length {i}/{len(distinct)})"):
-            done[n] = measure(card, make_model, tokenizer, rows, n, device, encoded=encoded)
+    done = _once_per_length(list(lengths.values()), "memory: measuring a full step",
+                            lambda n, first: measure(card, make_model, tokenizer, rows, n, device, encoded=encoded))
     return [done[n] for n in lengths.values()]
 
 
@@ -153,12 +150,21 @@ def time_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows
     Returns:
         the measurements, each with "step_seconds", "seconds_per_step", "eval_seconds" and "eval_tokens".
     """
-    done: dict[int, dict[str, Any]] = {}
-    distinct = list(dict.fromkeys(m["seq_len"] for m in measured))
-    for i, n in enumerate(distinct, 1):
-        with task(f"timing a full step at {n} tokens (length {i}/{len(distinct)})"):
-            done[n] = time_length(card, make_model, tokenizer, rows, n, device, None if done else eval_rows, encoded)
+    done = _once_per_length([m["seq_len"] for m in measured], "timing a full step",
+                            lambda n, first: time_length(card, make_model, tokenizer, rows, n, device,
+                                                         eval_rows if first else None, encoded))
     return [{**m, **done[m["seq_len"]]} for m in measured]
+
+
+def _once_per_length(lengths: list[int], what: str, run: Callable[[int, bool], dict[str, Any]]
+                     ) -> dict[int, dict[str, Any]]:
+    """`run(n, first)` once per distinct length n, in order, each reported as a progress task; by length."""
+    done: dict[int, dict[str, Any]] = {}
+    distinct = list(dict.fromkeys(lengths))
+    for i, n in enumerate(distinct, 1):
+        with task(f"{what} at {n} tokens (length {i}/{len(distinct)})"):
+            done[n] = run(n, not done)
+    return done
 
 
 def report(lengths: dict[str, int], estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> MemoryReport:

@@ -85,3 +85,17 @@ def test_qlora_trains_the_same_after_an_evaluation_pass_on_the_cpu(card, tiny_mo
     assert before.keys() == after.keys() and any(".lora_B." in n for n in before)
     assert all(torch.equal(before[n], after[n]) for n in before), \
         [n for n in before if not torch.equal(before[n], after[n])][:3]
+
+
+def test_qlora_already_in_the_cpu_inference_layout_is_refused(card, tiny_model) -> None:
+    """A 4-bit model that took bitsandbytes' CPU inference layout before the method was applied cannot train
+    through its 4-bit layers: applying the method says so instead of training on it."""
+    card = updated(card, {"method.kind": "qlora"})
+    model = load_model(tiny_model, card, "cpu")
+    if not any(getattr(m, "support_avx512bf16_for_cpu", False) for m in model.modules()):
+        pytest.skip("this CPU has no AVX512-BF16: bitsandbytes never takes its CPU inference layout")
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=torch.tensor([[3, 4, 5, 6]]))
+    with pytest.raises(MethodError, match="inference layout"):
+        apply_method(model, card)
