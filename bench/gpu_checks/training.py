@@ -14,34 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 from .models import Arm, card_data, write_card
 
 GIB = 1024**3
 # steps excluded from tokens/s (kernel selection, Triton autotuning, the optimiser's first allocations), and steps timed
 STEPS = {"cuda": (2, 4), "cpu": (1, 1)}
-
-
-class SyncedStepTimer(TrainerCallback):
-    """Wall seconds of each optimiser step, with the GPU's queue drained at both ends (CUDA runs asynchronously)."""
-
-    def __init__(self, cuda: bool) -> None:
-        self.cuda, self.seconds, self._t = cuda, [], 0.0
-
-    def _sync(self) -> None:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-
-    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-        self._sync()
-        self._t = time.perf_counter()
-
-    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-        self._sync()
-        self.seconds.append(time.perf_counter() - self._t)
 
 
 def logged(trainer: Any) -> list[float]:
@@ -63,6 +40,7 @@ def tokens_per_second(card: Any, make_model: Any, tokenizer: Any, rows: list[dic
         {"tokens_per_second", "warmup_steps", "timed_steps", "step_seconds", "losses"}.
     """
     from labkit.preflight.measure import fixed_length_dataset
+    from labkit.train.callbacks import StepTimer
     from labkit.train.trainer import build_trainer
 
     warmup, timed = STEPS[device]
@@ -72,7 +50,7 @@ def tokens_per_second(card: Any, make_model: Any, tokenizer: Any, rows: list[dic
     trainer = build_trainer(card, make_model(), tokenizer, data, Path(tempfile.mkdtemp(prefix="labkit-gpu-speed-")),
                             device=device, max_steps=steps, lr_scheduler_type="constant", warmup_steps=0,
                             logging_steps=1, disable_tqdm=True)
-    timer = SyncedStepTimer(device == "cuda")
+    timer = StepTimer()  # the GPU's queue drained at both ends of each step
     trainer.add_callback(timer)
     trainer.train()
     per_step = sum(len(ids) for ids in data["input_ids"]) / steps
@@ -123,7 +101,8 @@ def fit_and_memory(arm: Arm, loaded: Any, shared: Any, config: Any, tokenizer: A
            "estimate_step_bytes": est["step_bytes"], "paged_optimiser_bytes": paged_bytes(est),
            "measured_weights_bytes": got["weights_bytes"], "measured_peak_bytes": got["peak_bytes"],
            "measured_step_bytes": got["memory"]["delta_bytes"], "measured_by": got["memory"]["method"],
-           "peak_error": row.get("peak_error"), "step_error": row.get("step_error"), "losses": got["loss"]}
+           "peak_error": row.get("peak_error"), "step_error": row.get("step_error"), "losses": got["loss"],
+           "seconds_per_step": got["seconds_per_step"], "timed_by": got.get("timed_by")}
     if cuda:  # the whole process's peak above what it held before this arm, against what the verdict said it needs
         reserved = torch.cuda.max_memory_reserved() - leftover
         out.update(reserved_peak_bytes=reserved, allocated_peak_bytes=torch.cuda.max_memory_allocated() - leftover,

@@ -30,6 +30,7 @@ from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer
 
 _STATUS = Path("/proc/self/status")
+CUDA_METHOD = "cuda max_memory_allocated"  # PeakMemory's method on a GPU
 
 
 def _status_kib(key: str) -> int | None:
@@ -109,6 +110,18 @@ def touch_weights(model: Any) -> None:
                 tensor.view(-1)[:: max(1, 4096 // max(tensor.element_size(), 1))].sum()
 
 
+def on_cuda(device: str) -> bool:
+    """Whether `device` ("cuda", "cuda:1", "cpu", …) is a CUDA (or ROCm) GPU."""
+    return device.split(":")[0] == "cuda"
+
+
+def step_time_kept(measurement: dict[str, Any]) -> bool:
+    """Whether a `memory_pass` also timed its steps as training runs them: on CUDA, where the measurement reads
+    PyTorch's allocator statistics and changes nothing about the steps; not on the CPU, where the allocator is set for
+    exact figures (`release_promptly`), which slows a step (`labkit.preflight.timing.timed_pass` times it after)."""
+    return measurement["memory"]["method"] == CUDA_METHOD
+
+
 def free_device_memory(device: str) -> int:
     """Bytes this process can still give to the weights and a training step on `device`.
 
@@ -116,11 +129,11 @@ def free_device_memory(device: str) -> int:
     counts them as used), and what this process already holds in tensors (e.g. the loaded model, which the
     estimate counts) is added back. CPU: the available system memory.
     """
-    if device.split(":")[0] == "cuda":
+    if on_cuda(device):
         gc.collect()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
-        return int(torch.cuda.mem_get_info()[0]) + int(torch.cuda.memory_allocated())
+        return int(torch.cuda.mem_get_info(device)[0]) + int(torch.cuda.memory_allocated(device))
     return int(psutil.virtual_memory().available)
 
 
@@ -128,7 +141,7 @@ class PeakMemory:
     """Context manager: the peak memory above the baseline taken on entry.
 
     Attributes (after exit):
-        method: "cuda max_memory_allocated", "VmHWM" or "sampled RSS".
+        method: `CUDA_METHOD`, "VmHWM" or "sampled RSS".
         baseline, peak, delta: bytes.
     """
 
@@ -140,14 +153,14 @@ class PeakMemory:
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "PeakMemory":
-        if self.device != "cuda":
+        if not on_cuda(self.device):
             release_promptly()
         trim()
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        if on_cuda(self.device):
+            torch.cuda.synchronize(self.device)
             torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            self.method, self.baseline = "cuda max_memory_allocated", torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.method, self.baseline = CUDA_METHOD, torch.cuda.memory_allocated(self.device)
             return self
         self.baseline = _rss()
         if _reset_hwm():
@@ -163,9 +176,9 @@ class PeakMemory:
             self.peak = max(self.peak, _rss())
 
     def __exit__(self, *exc: Any) -> None:
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-            self.peak = torch.cuda.max_memory_allocated()
+        if on_cuda(self.device):
+            torch.cuda.synchronize(self.device)
+            self.peak = torch.cuda.max_memory_allocated(self.device)
         elif self._thread is not None:
             self._stop.set()
             self._thread.join()

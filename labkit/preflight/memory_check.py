@@ -3,7 +3,8 @@
 `labkit.preflight.measure.memory_pass` measures and `labkit.preflight.timing.timed_pass` times; this module runs
 them on the shared model (`labkit.preflight.shared.SharedModel`) at stage 03's lengths, once per distinct length:
 every length measured first (`measure_lengths`), while no unmeasured step has run in the process, and every length
-timed after (`time_lengths`, with the allocator a training process has), then compared (`compare`).
+timed after (`time_lengths`, with the allocator a training process has), then compared (`compare`). On CUDA the
+measured steps are already timed as training runs them, so each length runs once (`step_time_kept`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any, Callable, TypedDict
 
 from labkit.card.schema import Card
 from labkit.core.progress import task
-from labkit.preflight.measure import fixed_length_dataset, memory_pass
+from labkit.preflight.measure import fixed_length_dataset, memory_pass, step_time_kept
 from labkit.preflight.memory import GIB
 from labkit.preflight.records import MemoryEstimate
-from labkit.preflight.timing import timed_pass
+from labkit.preflight.timing import kept_step_time, timed_pass
 
 STEPS = 2  # steps of each measured and timed pass: the first allocates the optimiser states, the second runs with them
 
@@ -74,18 +75,25 @@ def _data(card: Card, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int, 
     return fixed_length_dataset(tokenizer, card, rows, seq_len, t.micro_batch * t.grad_accum * STEPS, encoded=encoded)
 
 
-def time_length(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]], seq_len: int,
-                device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None,
+def time_length(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
+                measured: dict[str, Any], device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None,
                 encoded: list[Any] | None = None) -> dict[str, Any]:
-    """The same two steps at `seq_len`, timed (`timed_pass`), then one evaluation batch of `eval_rows` when given.
+    """The same two steps at the measured length, timed (`timed_pass`), then one evaluation batch of `eval_rows` when
+    given. On CUDA the measured steps are the timed ones (`step_time_kept`): only the evaluation batch runs.
 
     Returns:
-        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens"}.
+        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens", "timed_by"} — timed_by: "memory pass"
+        (the measured steps' times) or "timed pass".
     """
-    model = make_model()
+    seq_len, kept = measured["seq_len"], step_time_kept(measured)
+    if kept and not eval_rows:
+        return {**kept_step_time(measured), "eval_seconds": None, "eval_tokens": None, "timed_by": "memory pass"}
     data = _data(card, tokenizer, rows, seq_len, encoded)
-    return timed_pass(card, model, tokenizer, data, seq_len, Path(tempfile.mkdtemp(prefix="labkit-time-")), device,
-                      STEPS, eval_rows)
+    timed = timed_pass(card, make_model(), tokenizer, data, seq_len, Path(tempfile.mkdtemp(prefix="labkit-time-")),
+                       device, 0 if kept else STEPS, eval_rows)
+    if kept:
+        return {**timed, **kept_step_time(measured), "timed_by": "memory pass"}
+    return {**timed, "timed_by": "timed pass"}
 
 
 def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -140,18 +148,20 @@ def measure_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, r
 def time_lengths(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
                  encoded: list[Any] | None, measured: list[dict[str, Any]], device: str = "cpu",
                  eval_rows: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """`time_length` at each measured length (equal lengths timed once), the evaluation batch timed once, with the
-    first; each measurement with its times added.
+    """`time_length` at each measured length (equal lengths timed once; on CUDA the measured steps' own times), the
+    evaluation batch timed once, with the first; each measurement with its times added.
 
     Args:
         card, make_model, tokenizer, rows, encoded, device: as for `measure`.
         measured: `measure_lengths`' answer.
         eval_rows: one evaluation batch of validation rows.
     Returns:
-        the measurements, each with "step_seconds", "seconds_per_step", "eval_seconds" and "eval_tokens".
+        the measurements, each with "step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens" and
+        "timed_by".
     """
-    done = _once_per_length([m["seq_len"] for m in measured], "timing a full step",
-                            lambda n, first: time_length(card, make_model, tokenizer, rows, n, device,
+    by_length = {m["seq_len"]: m for m in measured}
+    done = _once_per_length(list(by_length), "timing a full step",
+                            lambda n, first: time_length(card, make_model, tokenizer, rows, by_length[n], device,
                                                          eval_rows if first else None, encoded))
     return [{**m, **done[m["seq_len"]]} for m in measured]
 

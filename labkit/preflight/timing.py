@@ -1,9 +1,11 @@
 """Time what a real training step costs, with the allocator a training process has.
 
-Stage 03 measures memory first (`labkit.preflight.measure.memory_pass`, glibc set for exact figures, which slows a
-CPU step) and times after, with glibc's own thresholds (`labkit.preflight.measure.fast_allocator`): a timed pass of
-the stage-04 trainer at a representative length, and one evaluation batch, which the time plan
-(`labkit.preflight.timeplan.time_plan`) replays over the whole training run.
+On the CPU, stage 03 measures memory first (`labkit.preflight.measure.memory_pass`, glibc set for exact figures,
+which slows a step) and times after, with glibc's own thresholds (`labkit.preflight.measure.fast_allocator`): a timed
+pass of the stage-04 trainer at a representative length. On CUDA the measured pass is the timed pass (its
+measurement reads PyTorch's statistics and leaves the steps as training runs them,
+`labkit.preflight.measure.step_time_kept`). Then one evaluation batch is timed; the time plan
+(`labkit.preflight.timeplan.time_plan`) replays both over the whole training run.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from typing import Any
 from labkit.card.schema import Card
 from labkit.core.progress import task
 from labkit.errors import StageFailed
-from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass
-from labkit.preflight.measure import release_promptly
+from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass, on_cuda
+from labkit.preflight.measure import release_promptly, step_time_kept
 from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer
 
@@ -27,6 +29,7 @@ def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, 
     """Run `steps` steps of the stage-04 trainer on `data` and time each; then one evaluation of `eval_rows`.
 
     The last step is the step time (the first allocates the optimiser states; the time plan charges its extra once).
+    With `steps` 0 only the evaluation is timed (the steps were timed while their memory was measured, on CUDA).
 
     Args:
         card: the card.
@@ -36,7 +39,7 @@ def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, 
         seq_len: their tokens (for the progress line).
         output_dir: scratch folder for the trainer.
         device: the model's device.
-        steps: optimiser steps.
+        steps: optimiser steps (0: none, the evaluation alone).
         eval_rows: validation rows (one evaluation batch, `eval.batch_size` rows) to time the trainer's evaluation on
             (sft cards; None: no evaluation timed).
         overrides: SFTConfig overrides (e.g. per_device_train_batch_size).
@@ -47,10 +50,11 @@ def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, 
     timer, evaluation = StepTimer(), {"eval_seconds": None, "eval_tokens": None}
     evaluated = eval_rows if eval_rows and card.train.trainer == "sft" else None
     trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, eval_rows=evaluated,
-                            eval_strategy="no", **fixed_steps(steps), **overrides)
+                            eval_strategy="no", **fixed_steps(max(steps, 1)), **overrides)
     trainer.add_callback(timer)
-    with task(f"timing: {steps} steps at {seq_len} tokens"):
-        trainer.train()
+    if steps:
+        with task(f"timing: {steps} steps at {seq_len} tokens"):
+            trainer.train()
     if evaluated:
         with task(f"timing one evaluation batch of {len(evaluated)} rows"):
             evaluation = time_evaluation(trainer)
@@ -72,7 +76,8 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
                  output_dir: Path, device: str = "cpu", steps: int = 2, eval_rows: list[dict[str, Any]] | None = None,
                  encoded: list[Any] | None = None, **overrides: Any) -> dict[str, Any]:
     """One length measured, then timed: `memory_pass`, then `timed_pass` with the allocator as training has it
-    (`fast_allocator`), then the allocator set back for exact figures.
+    (`fast_allocator`), then the allocator set back for exact figures; on CUDA the measured steps are the timed ones
+    (`step_time_kept`) and `timed_pass` times the evaluation alone.
 
     Stage 03 runs every measured pass first and every timed pass after (`labkit.preflight.memory_check`); this is
     the one-length form the benchmarks and tests use.
@@ -86,21 +91,29 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
         encoded: the rows encoded once (`encode_rows`), for `fixed_length_dataset`.
     Returns:
         {"seq_len", "micro_batch", "grad_accum", "memory", "memory_pass_seconds", "loss", "step_seconds",
-         "seconds_per_step", "eval_seconds", "eval_tokens"}.
+         "seconds_per_step", "eval_seconds", "eval_tokens", "timed_by"} — timed_by: "memory pass" or "timed pass".
     """
     micro = overrides.get("per_device_train_batch_size", card.train.micro_batch)
     accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
     data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
     measured = memory_pass(card, model, tokenizer, data, seq_len, output_dir, device, steps, **overrides)
-    if device.split(":")[0] != "cuda":
+    if step_time_kept(measured):
+        timed = {**timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, 0, eval_rows,
+                              **overrides), **kept_step_time(measured), "timed_by": "memory pass"}
+    else:
         fast_allocator()
-    try:
-        timed = timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, steps, eval_rows,
-                           **overrides)
-    finally:
-        if device.split(":")[0] != "cuda":
+        try:
+            timed = {**timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, steps,
+                                  eval_rows, **overrides), "timed_by": "timed pass"}
+        finally:
             release_promptly()
     return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, **measured, **timed}
+
+
+def kept_step_time(measured: dict[str, Any]) -> dict[str, Any]:
+    """A measured pass's step times as `timed_pass` reports them (when `step_time_kept`)."""
+    seconds = measured["memory_pass_seconds"]
+    return {"step_seconds": seconds, "seconds_per_step": seconds[-1] if seconds else None}
 
 
 class Phases:
@@ -127,6 +140,6 @@ class Phases:
 
     def unmeasured_from_here(self) -> None:
         """Nothing is measured from here on: the allocator as training has it (CPU; once)."""
-        if not self.unmeasured and self.device.split(":")[0] != "cuda":
+        if not self.unmeasured and not on_cuda(self.device):
             fast_allocator()
             self.unmeasured = True

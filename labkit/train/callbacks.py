@@ -10,8 +10,8 @@
 - `InterruptStop`: SIGTERM / Ctrl-C → checkpoint and stop (`labkit.train.resilience.Interruption`).
 - `ThinnedProgress`, `ThinnedPrinter`, `NotebookProgress`: transformers' own progress output, printed every
   `train.logging_steps` although every step is logged.
-- `StepTimer`: stage 03's timing of real steps (`labkit.preflight.measure`): each step's wall time (the step
-  checks' own record of each step is `labkit.preflight.arms.StepRecord`).
+- `StepTimer`: stage 03's timing of real steps (`labkit.preflight.measure`): each step's wall time, the GPU's queue
+  drained at both ends (the step checks' own record of each step is `labkit.preflight.arms.StepRecord`).
 
 The generation-metric callback of early stopping lives with its scoring (`labkit.train.early_stopping`); the token
 count (`TokenCount`: tokens and loss tokens trained on, for stage 04's cost record) with the trainers' batch hook that
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -238,17 +239,30 @@ class InterruptStop(TrainerCallback):
 
 
 class StepTimer(TrainerCallback):
-    """The wall time of each training step, in `seconds` (one entry per step, in order)."""
+    """The wall time of each training step, in `seconds` (one entry per step, in order).
+
+    On CUDA the GPU's queue is drained at both ends of a step: kernels run asynchronously, and the trainer's only
+    wait inside a step (its finite-loss test) comes before the optimiser step, whose kernels would otherwise be
+    counted in the next step or, for the last one, not at all.
+    """
 
     def __init__(self) -> None:
         self.seconds: list[float] = []
         self._t = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        _drain(args)
         self._t = time.perf_counter()
 
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
+        _drain(args)
         self.seconds.append(time.perf_counter() - self._t)
+
+
+def _drain(args: Any) -> None:
+    """Wait for the kernels queued on the trainer's GPU (nothing to wait for on the CPU)."""
+    if args.device.type == "cuda":
+        torch.cuda.synchronize(args.device)
 
 
 def _kept(every: int, state: Any, logs: dict[str, Any] | None) -> bool:

@@ -12,6 +12,8 @@ from conftest import REPO
 from labkit.core import io
 from labkit.data.prompting import encode_rows
 from labkit.errors import LabkitError, StageFailed
+from labkit.preflight.measure import CUDA_METHOD, step_time_kept
+from labkit.preflight.memory_check import time_lengths
 from labkit.preflight.timing import Phases
 from labkit.stages.run_metrics import run_metrics
 from labkit.stages import parameter_check as pc
@@ -172,3 +174,23 @@ def test_each_length_carries_its_memory_pass_and_its_times(stage03) -> None:
     assert sum(m["eval_seconds"] is not None for m in checks.memory["measured"]) >= 1  # the evaluation batch, once
     assert [r["seconds_per_step"] for r in checks.memory["comparison"]] == \
         [m["seconds_per_step"] for m in checks.memory["measured"]]
+    assert {m["timed_by"] for m in checks.memory["measured"]} == {"timed pass"}  # the CPU: the allocator differs
+
+
+def test_a_measurement_that_kept_the_step_time_is_not_run_again(stage03) -> None:
+    """On CUDA (a measurement read from PyTorch's statistics) the measured steps are the timed ones: timing runs
+    only the evaluation batch, with the first length, and no optimiser step (the weights stay as loaded)."""
+    stage, checks, _ = stage03
+    cuda_like = [{**m, "memory": {**m["memory"], "method": CUDA_METHOD}} for m in checks.memory["measured"]]
+    assert step_time_kept(cuda_like[0]) and not step_time_kept(checks.memory["measured"][0])
+    model = checks.model()
+    before = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    eval_rows = stage.split("validation")[: stage.card.eval.batch_size]
+    timed = time_lengths(stage.card, checks.model, stage.tokenizer, checks.train_rows, checks.encoded, cuda_like,
+                         stage.device, eval_rows)
+    for got, measured in zip(timed, cuda_like):
+        assert got["timed_by"] == "memory pass"
+        assert got["step_seconds"] == measured["memory_pass_seconds"]
+        assert got["seconds_per_step"] == measured["memory_pass_seconds"][-1]
+    assert timed[0]["eval_seconds"] > 0 and timed[0]["eval_tokens"] > 0
+    assert all(v.equal(before[k]) for k, v in model.named_parameters() if k in before)

@@ -24,12 +24,12 @@ def test_eta_uses_stage_03_until_three_steps_are_timed() -> None:
     assert eta(step=7, total=9, start_step=4, elapsed=30.0, planned=1.0) == 20.0  # resumed at step 4
 
 
-def test_step_timer_times_each_step() -> None:
-    timer = StepTimer()
+def test_step_timer_times_each_step(tmp_path: Path) -> None:
+    timer, args = StepTimer(), TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     for _ in range(2):
-        timer.on_step_begin(None, None, None)
+        timer.on_step_begin(args, None, None)
         time.sleep(0.01)
-        timer.on_step_end(None, None, None)
+        timer.on_step_end(args, None, None)
     assert len(timer.seconds) == 2 and all(s >= 0.01 for s in timer.seconds)
 
 
