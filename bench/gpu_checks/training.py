@@ -110,6 +110,14 @@ def fit_and_memory(arm: Arm, loaded: Any, shared: Any, config: Any, tokenizer: A
     return out
 
 
+def step_ratio(measured: dict[str, Any], speed: dict[str, Any]) -> float | None:
+    """Stage 03's step time (the measured pass's last step on a GPU) over the steady step time after the warm-up
+    steps (`tokens_per_second`): near 1 when the measured pass's steps are as training runs them."""
+    if not measured.get("seconds_per_step") or not speed.get("tokens_per_second"):
+        return None
+    return round(measured["seconds_per_step"] / (speed["tokens_per_step"] / speed["tokens_per_second"]), 3)
+
+
 def accepted(function: Any, **options: Any) -> dict[str, Any]:
     """The keyword arguments `function` takes: stage 03's arm sizing (config, free_bytes, loss_fraction) where the
     checks take it, nothing where they do not yet."""
@@ -207,8 +215,8 @@ def run_arm(arm: Arm, source: str, device: str) -> dict[str, Any]:
     with contextlib.redirect_stdout(sys.stderr):  # the trainers' prints stay off the JSON
         out["fit_and_memory"] = fit_and_memory(arm, loaded, shared, config, tokenizer, rows, encoded, fraction, device,
                                                leftover)
-        out["speed"] = tokens_per_second(card, shared, tokenizer, rows, encoded, arm.seq_len, device,
-                                         )
+        out["speed"] = tokens_per_second(card, shared, tokenizer, rows, encoded, arm.seq_len, device)
+        out["stage03_step_vs_steady"] = step_ratio(out["fit_and_memory"], out["speed"])
         if arm.stage03:
             out["stage03"] = stage03(loaded, shared, config, tokenizer, rows, encoded, arm.seq_len, device, fraction)
     values = out["fit_and_memory"].pop("losses") + out["speed"].pop("losses")

@@ -35,7 +35,7 @@ from torch.amp.grad_scaler import OptState
 from transformers import TrainerCallback
 
 from labkit.card.schema import Card
-from labkit.preflight.measure import PeakMemory, trim
+from labkit.preflight.measure import PeakMemory, on_cuda, trim
 from labkit.preflight.sizing import arm_bytes, not_measurable
 from labkit.train.trainer import build_trainer
 
@@ -198,7 +198,7 @@ def out_of_memory(error: BaseException) -> bool:
 def release(device: str) -> None:
     """Free what a failed arm left (its trainer, activations), on the device and in host memory."""
     gc.collect()
-    if device.split(":")[0] == "cuda" and torch.cuda.is_available():
+    if on_cuda(device) and torch.cuda.is_available():
         torch.cuda.empty_cache()
     trim()
 

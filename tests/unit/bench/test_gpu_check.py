@@ -45,6 +45,8 @@ def test_cpu_dry_run_passes_every_part(dry_run: dict) -> None:
         fit = arm["fit_and_memory"]
         assert fit["verdict"]["fits"] and fit["measured_by"] in ("VmHWM", "sampled RSS")
         assert fit["measured_step_bytes"] > 0 and fit["estimate_step_bytes"] > 0
+        assert fit["timed_by"] == "timed pass" and fit["seconds_per_step"] > 0  # the CPU times after measuring
+        assert arm["stage03_step_vs_steady"] > 0
         assert arm["speed"]["tokens_per_second"] > 0 and arm["speed"]["warmup_steps"] >= 1
         assert len(arm["speed"]["step_seconds"]) == arm["speed"]["warmup_steps"] + arm["speed"]["timed_steps"]
         assert arm["optimizer"] == "paged_adamw_8bit" and arm["nonfinite"] == 0 and arm["finite_values_checked"] > 0
