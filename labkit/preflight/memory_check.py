@@ -15,10 +15,10 @@ from typing import Any, Callable, TypedDict
 
 from labkit.card.schema import Card
 from labkit.core.progress import task
-from labkit.preflight.measure import fixed_length_dataset, memory_pass, step_time_kept
+from labkit.preflight.measure import fixed_length_dataset, memory_pass
 from labkit.preflight.memory import GIB
 from labkit.preflight.records import MemoryEstimate
-from labkit.preflight.timing import kept_step_time, timed_pass
+from labkit.preflight.timing import time_measured
 
 STEPS = 2  # steps of each measured and timed pass: the first allocates the optimiser states, the second runs with them
 
@@ -78,22 +78,15 @@ def _data(card: Card, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int, 
 def time_length(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
                 measured: dict[str, Any], device: str = "cpu", eval_rows: list[dict[str, Any]] | None = None,
                 encoded: list[Any] | None = None) -> dict[str, Any]:
-    """The same two steps at the measured length, timed (`timed_pass`), then one evaluation batch of `eval_rows` when
-    given. On CUDA the measured steps are the timed ones (`step_time_kept`): only the evaluation batch runs.
+    """The same two steps at the measured length, timed, then one evaluation batch of `eval_rows` when given
+    (`time_measured`: on CUDA the measured steps are the timed ones, and only the evaluation batch runs).
 
     Returns:
-        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens", "timed_by"} — timed_by: "memory pass"
-        (the measured steps' times) or "timed pass".
+        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens", "timed_by"}.
     """
-    seq_len, kept = measured["seq_len"], step_time_kept(measured)
-    if kept and not eval_rows:
-        return {**kept_step_time(measured), "eval_seconds": None, "eval_tokens": None, "timed_by": "memory pass"}
-    data = _data(card, tokenizer, rows, seq_len, encoded)
-    timed = timed_pass(card, make_model(), tokenizer, data, seq_len, Path(tempfile.mkdtemp(prefix="labkit-time-")),
-                       device, 0 if kept else STEPS, eval_rows)
-    if kept:
-        return {**timed, **kept_step_time(measured), "timed_by": "memory pass"}
-    return {**timed, "timed_by": "timed pass"}
+    n = measured["seq_len"]
+    return time_measured(card, make_model, tokenizer, _data(card, tokenizer, rows, n, encoded), n, measured,
+                         Path(tempfile.mkdtemp(prefix="labkit-time-")), device, STEPS, eval_rows)
 
 
 def compare(estimates: list[MemoryEstimate], measured: list[dict[str, Any]]) -> list[dict[str, Any]]:

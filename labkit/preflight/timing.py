@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from labkit.card.schema import Card
 from labkit.core.progress import task
@@ -48,7 +48,7 @@ def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, 
         (rows × longest row per batch) the timed evaluation processed; both None without eval_rows.
     """
     timer, evaluation = StepTimer(), {"eval_seconds": None, "eval_tokens": None}
-    evaluated = eval_rows if eval_rows and card.train.trainer == "sft" else None
+    evaluated = evaluated_rows(card, eval_rows)
     trainer = build_trainer(card, model, tokenizer, data, output_dir, device=device, eval_rows=evaluated,
                             eval_strategy="no", **fixed_steps(max(steps, 1)), **overrides)
     trainer.add_callback(timer)
@@ -60,6 +60,11 @@ def timed_pass(card: Card, model: Any, tokenizer: Any, data: Any, seq_len: int, 
             evaluation = time_evaluation(trainer)
     return {"step_seconds": timer.seconds, "seconds_per_step": timer.seconds[-1] if timer.seconds else None,
             **evaluation}
+
+
+def evaluated_rows(card: Card, eval_rows: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The rows `timed_pass` times an evaluation on: `eval_rows` for an sft card, None otherwise (or without rows)."""
+    return eval_rows if eval_rows and card.train.trainer == "sft" else None
 
 
 def time_evaluation(trainer: Any) -> dict[str, Any]:
@@ -97,23 +102,42 @@ def measure_step(card: Card, model: Any, tokenizer: Any, rows: list[dict[str, An
     accum = overrides.get("gradient_accumulation_steps", card.train.grad_accum)
     data = fixed_length_dataset(tokenizer, card, rows, seq_len, micro * accum * steps, encoded=encoded)
     measured = memory_pass(card, model, tokenizer, data, seq_len, output_dir, device, steps, **overrides)
-    if step_time_kept(measured):
-        timed = {**timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, 0, eval_rows,
-                              **overrides), **kept_step_time(measured), "timed_by": "memory pass"}
-    else:
+    switch = not step_time_kept(measured)  # the CPU: timed with the allocator as training has it
+    if switch:
         fast_allocator()
-        try:
-            timed = {**timed_pass(card, model, tokenizer, data, seq_len, output_dir / "timed", device, steps,
-                                  eval_rows, **overrides), "timed_by": "timed pass"}
-        finally:
+    try:
+        timed = time_measured(card, lambda: model, tokenizer, data, seq_len, measured, output_dir / "timed", device,
+                              steps, eval_rows, **overrides)
+    finally:
+        if switch:
             release_promptly()
     return {"seq_len": seq_len, "micro_batch": micro, "grad_accum": accum, **measured, **timed}
 
 
-def kept_step_time(measured: dict[str, Any]) -> dict[str, Any]:
-    """A measured pass's step times as `timed_pass` reports them (when `step_time_kept`)."""
+def time_measured(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any, seq_len: int,
+                  measured: dict[str, Any], output_dir: Path, device: str = "cpu", steps: int = 2,
+                  eval_rows: list[dict[str, Any]] | None = None, **overrides: Any) -> dict[str, Any]:
+    """The step time of a measured length: `timed_pass` on the CPU; on CUDA the measured steps' own times
+    (`step_time_kept`), and `timed_pass` only for the evaluation batch (no trainer at all without one).
+
+    Args:
+        card, tokenizer, data, seq_len, output_dir, device, steps, eval_rows, overrides: as for `timed_pass` (data:
+            the measured pass's examples).
+        make_model: returns the model at its initial weights (the shared model), called only when a pass runs.
+        measured: the length's `memory_pass` result.
+    Returns:
+        {"step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens", "timed_by"} — timed_by: "memory pass"
+        (the measured steps' times) or "timed pass".
+    """
+    if not step_time_kept(measured):
+        return {**timed_pass(card, make_model(), tokenizer, data, seq_len, output_dir, device,
+                             steps, eval_rows, **overrides), "timed_by": "timed pass"}
     seconds = measured["memory_pass_seconds"]
-    return {"step_seconds": seconds, "seconds_per_step": seconds[-1] if seconds else None}
+    kept = {"step_seconds": seconds, "seconds_per_step": seconds[-1] if seconds else None, "timed_by": "memory pass"}
+    if not evaluated_rows(card, eval_rows):
+        return {"eval_seconds": None, "eval_tokens": None, **kept}
+    return {**timed_pass(card, make_model(), tokenizer, data, seq_len, output_dir, device, 0,
+                         eval_rows, **overrides), **kept}
 
 
 class Phases:
