@@ -38,7 +38,7 @@ from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
-from labkit.preflight.measure import release_promptly
+from labkit.preflight.measure import on_cuda, release_promptly
 
 # with run_dir "", a stage continues the card's interactive run only when that run has done these stages; else it opens
 # the card's newest completed run for review (stage 05 without a trained adapter), or names the runs it could open
@@ -244,8 +244,8 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     if name not in R.STAGES:
         raise UsageError(f"unknown stage {name!r} (expected one of {', '.join(R.STAGES)})")
     _quiet_batch()
-    if name == "parameter_check":
-        release_promptly()  # before any model is loaded, so the memory measurements read live tensors
+    if name == "parameter_check" and not on_cuda(pick_device()):
+        release_promptly()  # before any model is loaded, so the memory measurements read live tensors (the CPU's)
     loaded = load_card(card)
     interactive, review = not run_dir or run_dir == LATEST, False
     root = R.runs_root(loaded.path.parent)

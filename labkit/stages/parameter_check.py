@@ -5,7 +5,8 @@ each check, and each arm of a check, starts from the same initial weights); the 
 tokenised once. Memory is measured first — the step at each length, then the checkpointing arms — with glibc set
 for exact figures; then the allocator is set as a training process has it for everything that only checks, times
 or compares: the update check, the timed steps and one evaluation batch, the accumulation check
-(`labkit.preflight.timing.Phases`, which refuses a measurement after them). A QLoRA model's 4-bit weights stay
+(`labkit.preflight.timing.Phases`, which refuses a measurement after them). On CUDA the measurement slows nothing,
+and the measured steps are the timed ones (`labkit.preflight.timing.time_measured`). A QLoRA model's 4-bit weights stay
 in the layout training differentiates through, evaluation forwards included (`method.keep_training_layout`). The
 arithmetic lives in `labkit.preflight` (estimate, measurement, timing, step checks, time plan).
 """
@@ -187,11 +188,12 @@ def measure_memory(stage: Stage, checks: Checks, generated: dict[str, Any]) -> M
 
 
 def time_steps(stage: Stage, checks: Checks) -> MemoryReport:
-    """The measured step timed at each length, and one evaluation batch, with the allocator training has
-    (`MEMORY_FILE`, its measurements with their times).
+    """The measured step timed at each length (on CUDA the measured steps' own times), and one evaluation batch,
+    with the allocator training has (`MEMORY_FILE`, its measurements with their times).
 
     Returns:
-        the memory report, each measurement with "step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens".
+        the memory report, each measurement with "step_seconds", "seconds_per_step", "eval_seconds", "eval_tokens"
+        and "timed_by" ("timed pass" or "memory pass").
     """
     assert checks.memory is not None, "measure_memory first"
     checks.phases.unmeasured_from_here()

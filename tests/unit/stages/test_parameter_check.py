@@ -14,7 +14,9 @@ from labkit.data.prompting import encode_rows
 from labkit.errors import LabkitError, StageFailed
 from labkit.preflight.measure import CUDA_METHOD, step_time_kept
 from labkit.preflight.memory_check import time_lengths
+from labkit.preflight import timing
 from labkit.preflight.timing import Phases
+from labkit.train.trainer import build_trainer
 from labkit.stages.run_metrics import run_metrics
 from labkit.stages import parameter_check as pc
 from labkit.stages.context import open_stage
@@ -177,10 +179,13 @@ def test_each_length_carries_its_memory_pass_and_its_times(stage03) -> None:
     assert {m["timed_by"] for m in checks.memory["measured"]} == {"timed pass"}  # the CPU: the allocator differs
 
 
-def test_a_measurement_that_kept_the_step_time_is_not_run_again(stage03) -> None:
+def test_a_measurement_that_kept_the_step_time_is_not_run_again(stage03, monkeypatch: pytest.MonkeyPatch) -> None:
     """On CUDA (a measurement read from PyTorch's statistics) the measured steps are the timed ones: timing runs
-    only the evaluation batch, with the first length, and no optimiser step (the weights stay as loaded)."""
+    only the evaluation batch, with the first length (one trainer in all), and no optimiser step (the weights stay
+    as loaded)."""
     stage, checks, _ = stage03
+    built = []
+    monkeypatch.setattr(timing, "build_trainer", lambda *a, **k: built.append(k) or build_trainer(*a, **k))
     cuda_like = [{**m, "memory": {**m["memory"], "method": CUDA_METHOD}} for m in checks.memory["measured"]]
     assert step_time_kept(cuda_like[0]) and not step_time_kept(checks.memory["measured"][0])
     model = checks.model()
@@ -193,4 +198,6 @@ def test_a_measurement_that_kept_the_step_time_is_not_run_again(stage03) -> None
         assert got["step_seconds"] == measured["memory_pass_seconds"]
         assert got["seconds_per_step"] == measured["memory_pass_seconds"][-1]
     assert timed[0]["eval_seconds"] > 0 and timed[0]["eval_tokens"] > 0
+    assert len(checks.lengths) == len(set(checks.lengths.values())) == 2  # the smoke card: two distinct lengths
+    assert timed[1]["eval_seconds"] is None and len(built) == 1  # the second length builds no trainer
     assert all(v.equal(before[k]) for k, v in model.named_parameters() if k in before)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,13 +25,26 @@ def test_eta_uses_stage_03_until_three_steps_are_timed() -> None:
     assert eta(step=7, total=9, start_step=4, elapsed=30.0, planned=1.0) == 20.0  # resumed at step 4
 
 
-def test_step_timer_times_each_step(tmp_path: Path) -> None:
-    timer, args = StepTimer(), TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+def test_step_timer_times_each_step() -> None:
+    timer, args = StepTimer(), SimpleNamespace(device=torch.device("cpu"))
     for _ in range(2):
         timer.on_step_begin(args, None, None)
         time.sleep(0.01)
         timer.on_step_end(args, None, None)
     assert len(timer.seconds) == 2 and all(s >= 0.01 for s in timer.seconds)
+
+
+def test_step_timer_drains_the_gpu_queue_at_both_ends_of_a_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA each step's time waits for its queued kernels (no GPU here: the drain is counted, not run)."""
+    drained = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: drained.append(device))
+    timer, gpu = StepTimer(), SimpleNamespace(device=torch.device("cuda", 0))
+    for _ in range(2):
+        timer.on_step_begin(gpu, None, None)
+        timer.on_step_end(gpu, None, None)
+    assert drained == [torch.device("cuda", 0)] * 4 and len(timer.seconds) == 2
+    timer.on_step_begin(SimpleNamespace(device=torch.device("cpu")), None, None)
+    assert len(drained) == 4  # nothing to wait for on the CPU
 
 
 def test_the_budget_warning_comes_once_as_soon_as_the_eta_exceeds_the_budget_left(
