@@ -85,6 +85,16 @@ class DeviceProfile:
         return cls(**known)
 
 
+def device_kind(device: str | DeviceProfile) -> str:
+    """The kind of a device string ("cuda:1" → "cuda", "cpu", "mps") or of a device profile."""
+    return device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
+
+
+def on_cuda(device: str | DeviceProfile) -> bool:
+    """Whether `device` is a CUDA (or ROCm) GPU."""
+    return device_kind(device) == "cuda"
+
+
 def load_profile(path: str | Path) -> DeviceProfile:
     """A recorded profile (JSON written from `DeviceProfile.as_dict`)."""
     return DeviceProfile.from_dict(json.loads(Path(path).read_text()))

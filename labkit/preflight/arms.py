@@ -35,7 +35,8 @@ from torch.amp.grad_scaler import OptState
 from transformers import TrainerCallback
 
 from labkit.card.schema import Card
-from labkit.preflight.measure import PeakMemory, on_cuda, trim
+from labkit.core.device import on_cuda
+from labkit.preflight.measure import PeakMemory, trim
 from labkit.preflight.sizing import arm_bytes, not_measurable
 from labkit.train.trainer import build_trainer
 

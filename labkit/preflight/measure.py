@@ -22,6 +22,7 @@ import psutil
 import torch
 
 from labkit.card.schema import Card
+from labkit.core.device import on_cuda
 from labkit.core.progress import task
 from labkit.data.pairs import fixed_length_pairs
 from labkit.errors import DataError
@@ -108,11 +109,6 @@ def touch_weights(model: Any) -> None:
         for tensor in list(model.parameters()) + list(model.buffers()):
             if tensor.device.type == "cpu" and tensor.numel():
                 tensor.view(-1)[:: max(1, 4096 // max(tensor.element_size(), 1))].sum()
-
-
-def on_cuda(device: str) -> bool:
-    """Whether `device` ("cuda", "cuda:1", "cpu", …) is a CUDA (or ROCm) GPU."""
-    return device.split(":")[0] == "cuda"
 
 
 def step_time_kept(measurement: dict[str, Any]) -> bool:

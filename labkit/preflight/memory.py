@@ -28,7 +28,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from labkit.card.schema import OPTIMIZERS, Card
-from labkit.core.device import DeviceProfile
+from labkit.core.device import DeviceProfile, device_kind
 from labkit.model.loading import decisions, pick_dtype
 from labkit.model.method import apply_method
 from labkit.model.placement import decide, for_architecture
@@ -216,7 +216,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     optim = optimizer or card.train.optimizer
     shape = shape_of(config)
     dtype = weight_dtype(card, device)
-    kind = device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
+    kind = device_kind(device)
     act_bytes = _BYTES[dtype] if card.method.kind != "qlora" else 4
     params = params or parameter_bytes(meta_model(config, card), card, _BYTES[dtype])
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward

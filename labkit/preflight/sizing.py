@@ -26,7 +26,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from labkit.card.schema import Card
-from labkit.core.device import DeviceProfile
+from labkit.core.device import DeviceProfile, device_kind
 from labkit.errors import CardError, ModelSourceError
 from labkit.model.placement import decide
 from labkit.model.sources import parse_source, resolve
@@ -36,10 +36,6 @@ from labkit.preflight.records import FitVerdict, MemoryEstimate
 CUDA_CONTEXT_GIB = 0.5  # CUDA context + cuBLAS/cuDNN workspaces + kernel images; typically 0.3–0.6 GiB (CUDA 12)
 FRAGMENTATION = 0.10  # of the step's memory: blocks the caching allocator cannot reuse for a larger request
 NCCL_GIB = 0.25  # NCCL / RCCL communication buffers per process (several channels of NCCL_BUFFSIZE = 4 MiB, per peer)
-
-
-def _kind(device: str | DeviceProfile) -> str:
-    return device.device if isinstance(device, DeviceProfile) else device.split(":")[0]
 
 
 def overheads(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free_is_total: bool) -> dict[str, float]:
@@ -53,7 +49,7 @@ def overheads(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free
     Returns:
         {term id: bytes} (`labkit.preflight.records.OVERHEADS`; labels in `labkit.show.memory`).
     """
-    if _kind(device) != "cuda":
+    if device_kind(device) != "cuda":
         return {}
     terms = {"fragmentation": FRAGMENTATION * est["step_bytes"]}
     if free_is_total:
@@ -158,7 +154,7 @@ def arm_bytes(config: Any, card: Card, seq_len: int, micro_batch: int, checkpoin
                         loss_fraction=loss_fraction)
     if not est["modelled"]:
         return None
-    fragmentation = FRAGMENTATION * est["step_bytes"] if _kind(device) == "cuda" else 0.0
+    fragmentation = FRAGMENTATION * est["step_bytes"] if device_kind(device) == "cuda" else 0.0
     return est["peak_bytes"] + fragmentation - paged_bytes(est)
 
 

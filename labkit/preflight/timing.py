@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.card.schema import Card
+from labkit.core.device import on_cuda
 from labkit.core.progress import task
 from labkit.errors import StageFailed
-from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass, on_cuda
+from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass
 from labkit.preflight.measure import release_promptly, step_time_kept
 from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer

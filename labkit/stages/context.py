@@ -25,6 +25,7 @@ from labkit.card.load import LoadedCard, load_card
 from labkit.card.schema import Card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.device import on_cuda
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
 from labkit.core.kernel import log_libraries_to, plain_bars
@@ -38,7 +39,7 @@ from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
-from labkit.preflight.measure import on_cuda, release_promptly
+from labkit.preflight.measure import release_promptly
 
 # with run_dir "", a stage continues the card's interactive run only when that run has done these stages; else it opens
 # the card's newest completed run for review (stage 05 without a trained adapter), or names the runs it could open
