@@ -31,8 +31,19 @@ def dry_run() -> dict:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, str(SCRIPT), "--cpu-dry-run"], capture_output=True, text=True, timeout=1200,
                          env=env)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert out.returncode == 0, _why(out)
     return json.loads(out.stdout)
+
+
+def _why(out: subprocess.CompletedProcess) -> str:
+    """What a failed dry run missed, first (the JSON's "misses"), then its first traceback, then its last output."""
+    try:
+        missed = json.loads(out.stdout).get("misses")
+    except ValueError:
+        missed = out.stdout[-3000:]
+    first = out.stderr.find("Traceback")
+    return (f"misses: {missed}\n" + (out.stderr[first:first + 3000] + "\n…\n" if first >= 0 else "")
+            + out.stderr[-2000:])
 
 
 def test_cpu_dry_run_passes_every_part(dry_run: dict) -> None:
