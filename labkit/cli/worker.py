@@ -30,7 +30,7 @@ def _train(args: argparse.Namespace) -> int:
     from labkit.card.load import load_card
     from labkit.core.runs import Run
     from labkit.stages.context import Stage
-    from labkit.stages.training import train
+    from labkit.stages.training import record_rendezvous, train
     from labkit.train.process_state import prepare
 
     run = Run(Path(args.run_dir).resolve())
@@ -38,7 +38,9 @@ def _train(args: argparse.Namespace) -> int:
     stage = Stage("training", loaded, run, interactive=False)
     # the process group (and FSDP's environment or ZeRO-3's DeepSpeed config) before the model loads, so loading
     # shards: FSDP rank 0 loads, the other ranks hold meta parameters; ZeRO-3 partitions at init
-    prepare(loaded.card, stage.device)
+    state = prepare(loaded.card, stage.device)
+    if loaded.card.distributed.num_machines > 1 and state.is_main_process:
+        record_rendezvous(stage, state.num_processes)  # every machine's processes met: the head stops waiting
     if stage.device == "cuda":
         stage.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # each process loads onto its own GPU
     train(stage)

@@ -181,7 +181,8 @@ def expand_hostlist(nodelist: str) -> list[str]:
 
 
 def join_timeout(env: Mapping[str, str] | None = None) -> float:
-    """Seconds a joining machine waits for the run folder or the head (`LABKIT_JOIN_TIMEOUT`, default 600)."""
+    """Seconds a joining machine waits for the run folder or the head, and the machines wait for each other at the
+    rendezvous (`LABKIT_JOIN_TIMEOUT`, default 600)."""
     env = os.environ if env is None else env
     value = env.get("LABKIT_JOIN_TIMEOUT", "").strip()
     try:

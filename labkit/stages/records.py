@@ -54,6 +54,7 @@ ADAPTER = "adapter"  # a folder: the adapter (or model), its tokenizer and labki
 CHECKPOINTS = "trainer"  # a folder: the trainer's checkpoints
 PACKING_CHECK = "packing_check.json"
 ACCELERATE_CONFIG = "accelerate_config.yaml"
+RENDEZVOUS = "rendezvous.json"  # on several machines: every process met (written by the head's first process)
 
 # stage 05 · comparison/
 TUNED_PREDICTIONS = "tuned_predictions.jsonl"

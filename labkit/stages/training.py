@@ -11,10 +11,13 @@ The worker process is `labkit.cli.worker` (`accelerate launch --config_file … 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, cast
 
 from labkit.core import io
+from labkit.core.machines import join_timeout
+from labkit.core.runs import Run
 from labkit.data.prompting import encode_rows
 from labkit.errors import StageFailed, TrainingInterrupted
 from labkit.model.method import apply_method
@@ -26,6 +29,7 @@ from labkit.stages.records import (
     LOG_HISTORY,
     OUTCOME,
     PACKING_CHECK,
+    RENDEZVOUS,
     TrainingOutcome,
     TrainingSummary,
 )
@@ -134,14 +138,61 @@ def finish(stage: Stage) -> TrainingSummary:
 
 
 def _launch(stage: Stage) -> None:
-    """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers."""
+    """`accelerate launch` this module on every process; SIGTERM / Ctrl-C are passed on to the workers. On several
+    machines, a launch that ends after the join timeout before every process met fails with which machines did not
+    join (torch's static rendezvous waits `LABKIT_JOIN_TIMEOUT` seconds for them)."""
     config = stage.path(ACCELERATE_CONFIG)
     io.write_atomic(config, accelerate_config(stage.card, stage.device))
-    command = launch_command(config, stage.run.dir, stage.card.distributed.num_machines)  # rank, head: environment
+    machines = stage.card.distributed.num_machines
+    command = launch_command(config, stage.run.dir, machines)  # rank, head: environment
+    met = stage.path(RENDEZVOUS)
+    met.unlink(missing_ok=True)  # a resumed run meets again
     print("$ " + " ".join(command), flush=True)
+    start = time.monotonic()
     code, tail = run_launch(command, lambda line: print(line, flush=True))
     if code != 0 and not stage.path(OUTCOME).exists():
+        waited = time.monotonic() - start
+        if machines > 1 and not met.exists() and waited >= join_timeout():
+            raise StageFailed(not_met(stage.run, machines, waited, tail[-1] if tail else ""))
         raise StageFailed(f"accelerate launch exited with {code}:\n" + "\n".join(tail[-12:]))
+
+
+def record_rendezvous(stage: Stage, world_size: int) -> None:
+    """Record that every process of a launch on several machines met (the first process calls it once its process
+    group is up): a launch that fails without this record failed before the machines met.
+
+    Args:
+        stage: the training Stage, in the first process.
+        world_size: the processes that met.
+    """
+    stage.save_json(RENDEZVOUS, {"machines": stage.card.distributed.num_machines, "processes": world_size,
+                                 "time": io.utc_now()})
+
+
+def not_met(run: Run, machines: int, waited: float, last: str) -> str:
+    """Why a launch on several machines ended before its processes met: one line naming the machines that did not
+    join (no `logs/machine-<rank>.log`: never started joining; with one: did not connect), and what to run.
+
+    Args:
+        run: the run (its logs folder, its id).
+        machines: the card's machine count.
+        waited: seconds the launch ran.
+        last: the launcher's last output line (torch's own statement).
+    Returns:
+        the line.
+    """
+    logs = run.dir / "logs"
+    absent = [r for r in range(1, machines) if not (logs / f"machine-{r}.log").exists()]
+    started = [r for r in range(1, machines) if r not in absent]
+    def machines_(ranks: list[int]) -> str:
+        return f"machine{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+    said = ([f"{machines_(absent)} never ran `labkit run --join {run.run_id}`"] if absent else []) + \
+        ([f"{machines_(started)} started joining but did not connect (logs/machine-<rank>.log)"] if started else [])
+    return (f"the {machines} machines did not all meet in {waited:.0f} s (LABKIT_JOIN_TIMEOUT {join_timeout():g} s): "
+            f"{'; '.join(said)}. Start `labkit run --join {run.run_id}` on every other machine (its NODE_RANK, "
+            "the same MASTER_ADDR, MASTER_PORT and --runs folder), then run this machine's command again: it resumes "
+            f"the run. The launcher's last line: {last[:160]}")
 
 
 def save_adapter_info(path: Path, stage: Stage) -> None:

@@ -25,6 +25,7 @@ launcher starts them; the trainer's `use_cpu` puts them on the CPU). FSDP is ref
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -37,7 +38,7 @@ import yaml
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
-from labkit.core.machines import Machine, machine_of_run
+from labkit.core.machines import Machine, join_timeout, machine_of_run
 from labkit.errors import CardError
 from labkit.model.loading import profile_of
 from labkit.model.placement import decide
@@ -107,18 +108,21 @@ def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: 
         config: the accelerate config (`accelerate_config`).
         run_dir: the run folder.
         num_machines: the card's `distributed.num_machines`; above 1 this machine's rank and the head's address and
-            port are passed as arguments, from the launcher's environment (`labkit.core.machines`).
+            port are passed as arguments, from the launcher's environment (`labkit.core.machines`), and the
+            machines wait for each other `LABKIT_JOIN_TIMEOUT` seconds (torch's static rendezvous `timeout`).
         machine: this machine (default: read from the environment).
     Returns:
         the command.
     Raises:
-        UsageError: several machines, and the environment names no head, or a rank or count the card does not have.
+        UsageError: several machines, and the environment names no head, or a rank or count the card does not have,
+            or LABKIT_JOIN_TIMEOUT is not a positive number.
     """
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     if num_machines > 1:
         machine = machine or machine_of_run(num_machines)
         command += ["--num_machines", str(num_machines), "--machine_rank", str(machine.rank),
-                    "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port)]
+                    "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port),
+                    "--rdzv_conf", f"timeout={math.ceil(join_timeout())}"]
     return command + ["-m", "labkit.cli.worker", "train", str(run_dir)]
 
 

@@ -94,9 +94,10 @@ def test_sigterm_under_ddp_checkpoints_every_worker_and_resumes(ddp_run: Path) -
 
 
 def test_two_machines_make_one_run_with_the_one_machine_loss_curve(ddp_run: Path, tmp_path: Path) -> None:
-    """Two "machines" on this host (1 CPU process each, rendezvous on 127.0.0.1, one shared runs folder): the head
-    `labkit run CARD --run-id ID`, the other `labkit run --join ID`, started together → one run, one registry
-    `started` line, one outcome.json of world size 2, and the loss curve of the same card on one machine."""
+    """Two "machines" on this host (1 CPU process each, rendezvous on 127.0.0.1, one shared runs folder). The head
+    alone `labkit run CARD --run-id ID` gives up after LABKIT_JOIN_TIMEOUT with one line naming the machine that
+    never joined; its command again with the other's `labkit run --join ID` beside it resumes → one run, one
+    registry `started` line, one outcome.json of world size 2, and the loss curve of the same card on one machine."""
     import os
     import socket
     import subprocess
@@ -118,8 +119,18 @@ def test_two_machines_make_one_run_with_the_one_machine_loss_curve(ddp_run: Path
         return subprocess.Popen([sys.executable, "-m", "labkit", "run", *args], cwd=REPO, text=True,
                                 env={**env, "NODE_RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
-    joiner = start(1, "--join", "two-machines")  # first: it waits for the head's run folder
-    head = start(0, str(card), "--run-id", "two-machines")
+    alone = subprocess.run([sys.executable, "-m", "labkit", "run", str(card), "--run-id", "two-machines"], cwd=REPO,
+                           text=True, env={**env, "NODE_RANK": "0", "LABKIT_JOIN_TIMEOUT": "15"}, capture_output=True,
+                           timeout=900)
+    assert alone.returncode != 0, alone.stdout + alone.stderr
+    said = [line for line in (alone.stdout + alone.stderr).splitlines() if "did not all meet" in line]
+    assert said and "LABKIT_JOIN_TIMEOUT 15 s" in said[0] and "machine 1 never ran `labkit run --join two-machines`" \
+        in said[0], alone.stdout[-3000:] + alone.stderr[-3000:]
+    first = json.loads((runs / "smoke" / "two-machines" / "status.json").read_text())
+    assert first["status"] == "failed" and first["stages"]["parameter_check"]["status"] == "done"
+    assert not (runs / "smoke" / "two-machines" / "training" / "rendezvous.json").exists()
+    joiner = start(1, "--join", "two-machines")  # first: it waits for the head's stage 04
+    head = start(0, str(card), "--run-id", "two-machines")  # the same command again: resumes at stage 04
     head_out, _ = head.communicate(timeout=900)
     join_out, _ = joiner.communicate(timeout=300)
     assert head.returncode == 0, head_out
@@ -130,13 +141,15 @@ def test_two_machines_make_one_run_with_the_one_machine_loss_curve(ddp_run: Path
     assert run.name == "two-machines"
     registry = [json.loads(line) for line in (runs / "registry.jsonl").read_text().splitlines()]
     assert [e["event"] for e in registry].count("started") == 1 and {e["run_id"] for e in registry} == {run.name}
-    assert not any(e["event"] == "resumed" for e in registry)
+    assert [e["event"] for e in registry].count("resumed") == 1
+    assert json.loads((run / "training" / "rendezvous.json").read_text())["processes"] == 2
     outcome = json.loads((run / "training" / "outcome.json").read_text())
     assert outcome["world_size"] == 2 and outcome["steps"] == 8
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "completed" and status["pid"] == head.pid
     # the joining machine wrote its log (and its processes their share of each checkpoint), nothing of the run's record
-    assert sorted(p.name for p in run.glob("env*.json")) == ["env.json"]
+    envs = sorted(p.name for p in run.glob("env*.json"))  # the head's first session and its resumed one, none else
+    assert len(envs) == 2 and envs[0] == "env.json" and envs[1].startswith("env.resumed-"), envs
     assert "joined smoke/two-machines" in (run / "logs" / "machine-1.log").read_text()
     assert sorted(p.name for p in (run / "logs").iterdir() if p.name.startswith("machine-")) == ["machine-1.log"]
     one_machine, two_machines = _losses(ddp_run), _losses(run)

@@ -86,3 +86,17 @@ def test_a_real_training_writes_the_typed_outcome(tmp_path: Path) -> None:
     losses = [r["loss"] for r in io.read_jsonl(stage.path("log_history.jsonl")) if "loss" in r]
     assert summary["steps"] == 2 and summary["train_seconds"] == outcome["metrics"]["train_runtime"] > 0
     assert (summary["first_loss"], summary["last_loss"]) == (losses[0], losses[-1])
+
+
+def test_machines_that_did_not_meet_are_named_by_their_join_logs(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch on 4 machines that ended before they met: the machines without a join log never started joining,
+    the one with a log started and did not connect; the line says what to run and quotes torch's last line."""
+    monkeypatch.setenv("LABKIT_JOIN_TIMEOUT", "30")
+    run = R.Run(tmp_path / "exp" / "r1")
+    (run.dir / "logs").mkdir(parents=True)
+    (run.dir / "logs" / "machine-2.log").write_text("join exp/r1 as machine 2 of 4\n")
+    line = training.not_met(run, 4, 31.4, "DistStoreError: Timed out after 31 seconds waiting for clients. 3/4")
+    assert "\n" not in line and line.startswith("the 4 machines did not all meet in 31 s (LABKIT_JOIN_TIMEOUT 30 s)")
+    assert "machines 1, 3 never ran `labkit run --join r1`" in line and "machine 2 started joining but did not " \
+        "connect" in line and line.endswith("waiting for clients. 3/4")

@@ -44,3 +44,19 @@ def test_several_machines_pass_rank_and_head_from_the_environment() -> None:
         for k in ("NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(k, None)
         os.environ.update(saved)
+
+
+def test_several_machines_wait_for_each_other_the_join_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's static rendezvous waits 600 s unless told: the launch passes LABKIT_JOIN_TIMEOUT, and accelerate's own
+    parser hands it on to torch's rendezvous configuration."""
+    from accelerate.commands.launch import launch_command_parser
+    from torch.distributed.run import _parse_rendezvous_config
+
+    monkeypatch.setenv("LABKIT_JOIN_TIMEOUT", "42.5")
+    command = launch_command(CONFIG, RUN, 2, Machine(0, 2, "10.1.2.3", 29444, "slurm"))
+    args = launch_command_parser().parse_args(command[command.index("--config_file"):])
+    assert _parse_rendezvous_config(args.rdzv_conf) == {"timeout": "43"}  # whole seconds, never shorter
+    assert "--rdzv_conf" not in launch_command(CONFIG, RUN)
+    monkeypatch.setenv("LABKIT_JOIN_TIMEOUT", "soon")
+    with pytest.raises(UsageError, match="LABKIT_JOIN_TIMEOUT"):
+        launch_command(CONFIG, RUN, 2, Machine(0, 2, "10.1.2.3", 29444, "slurm"))
