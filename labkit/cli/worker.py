@@ -40,7 +40,7 @@ def _train(args: argparse.Namespace) -> int:
     # shards: FSDP rank 0 loads, the other ranks hold meta parameters; ZeRO-3 partitions at init
     state = prepare(loaded.card, stage.device)
     if loaded.card.distributed.num_machines > 1 and state.is_main_process:
-        record_rendezvous(stage, state.num_processes)  # every machine's processes met: the head stops waiting
+        record_rendezvous(stage, state.num_processes)  # every machine's processes met (stage 04 reads it on failure)
     if stage.device == "cuda":
         stage.device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"  # each process loads onto its own GPU
     train(stage)

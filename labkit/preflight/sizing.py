@@ -26,7 +26,7 @@ from typing import Any
 from transformers import AutoConfig, PretrainedConfig
 
 from labkit.card.schema import Card
-from labkit.core.device import DeviceProfile, device_kind
+from labkit.core.device import DeviceProfile, on_cuda
 from labkit.errors import CardError, ModelSourceError
 from labkit.model.placement import decide
 from labkit.model.sources import parse_source, resolve
@@ -49,7 +49,7 @@ def overheads(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free
     Returns:
         {term id: bytes} (`labkit.preflight.records.OVERHEADS`; labels in `labkit.show.memory`).
     """
-    if device_kind(device) != "cuda":
+    if not on_cuda(device):
         return {}
     terms = {"fragmentation": FRAGMENTATION * est["step_bytes"]}
     if free_is_total:
@@ -154,7 +154,7 @@ def arm_bytes(config: Any, card: Card, seq_len: int, micro_batch: int, checkpoin
                         loss_fraction=loss_fraction)
     if not est["modelled"]:
         return None
-    fragmentation = FRAGMENTATION * est["step_bytes"] if device_kind(device) == "cuda" else 0.0
+    fragmentation = FRAGMENTATION * est["step_bytes"] if on_cuda(device) else 0.0
     return est["peak_bytes"] + fragmentation - paged_bytes(est)
 
 

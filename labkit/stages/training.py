@@ -184,6 +184,7 @@ def not_met(run: Run, machines: int, waited: float, last: str) -> str:
     logs = run.dir / "logs"
     absent = [r for r in range(1, machines) if not (logs / f"machine-{r}.log").exists()]
     started = [r for r in range(1, machines) if r not in absent]
+
     def machines_(ranks: list[int]) -> str:
         return f"machine{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
