@@ -109,7 +109,8 @@ def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: 
         run_dir: the run folder.
         num_machines: the card's `distributed.num_machines`; above 1 this machine's rank and the head's address and
             port are passed as arguments, from the launcher's environment (`labkit.core.machines`), and the
-            machines wait for each other `LABKIT_JOIN_TIMEOUT` seconds (torch's static rendezvous `timeout`).
+            machines wait for each other `LABKIT_JOIN_TIMEOUT` seconds (torch's static rendezvous `timeout`); on one
+            machine the processes meet on a free port.
         machine: this machine (default: read from the environment).
     Returns:
         the command.
@@ -123,6 +124,8 @@ def launch_command(config: Path, run_dir: Path, num_machines: int = 1, machine: 
         command += ["--num_machines", str(num_machines), "--machine_rank", str(machine.rank),
                     "--main_process_ip", str(machine.head), "--main_process_port", str(machine.port),
                     "--rdzv_conf", f"timeout={math.ceil(join_timeout())}"]
+    else:  # a free port, not accelerate's fixed 29500: two runs side by side on one machine do not meet each other
+        command += ["--main_process_port", "0"]
     return command + ["-m", "labkit.cli.worker", "train", str(run_dir)]
 
 

@@ -19,10 +19,30 @@ def _after(command: list[str], flag: str) -> str:
     return command[command.index(flag) + 1]
 
 
-def test_one_machine_passes_no_machine_arguments() -> None:
+def test_one_machine_passes_no_machine_arguments_and_meets_on_a_free_port() -> None:
+    """accelerate's default port is 29500 for every run: two runs side by side on one machine would race for it. The
+    launch asks for port 0, which accelerate's own environment set-up turns into a free port."""
+    import socket
+    import warnings
+
+    from accelerate.commands.launch import launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
     command = launch_command(CONFIG, RUN)
     assert command[-4:] == ["-m", "labkit.cli.worker", "train", str(RUN)] and _after(command, "--config_file") == str(CONFIG)
-    assert not any(a.startswith(("--machine_rank", "--main_process")) for a in command)
+    assert not any(a.startswith(("--machine_rank", "--main_process_ip", "--num_machines")) for a in command)
+    args = launch_command_parser().parse_args(command[command.index("--config_file"):])
+    args.num_processes, args.num_machines, args.machine_rank = 2, 1, 0  # what the config file gives a DDP card
+    args.mixed_precision, args.dynamo_backend = "no", "no"
+    with socket.socket() as held, warnings.catch_warnings():
+        warnings.simplefilter("error")  # accelerate warns when its port is taken and it has to look for another
+        try:
+            held.bind(("127.0.0.1", 29500))  # another run's rendezvous, when the port is free to take here
+            held.listen()
+        except OSError:
+            pass
+        prepare_multi_gpu_env(args)
+    assert args.main_process_port not in (0, 29500) and args.master_port == str(args.main_process_port)
 
 
 def test_several_machines_pass_rank_and_head_from_the_environment() -> None:
