@@ -20,7 +20,7 @@ from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV, FILE as PROGRESS_FILE, stage_seconds
 from labkit.core.replicates import Replicate, replicates
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted, UsageError
-from labkit.experiment.tracking import mirror_safely, restore_env
+from labkit.experiment.tracking import apply_env, mirror_safely, restore_env
 from labkit.model.card_check import check_card
 from labkit.stages import records
 
@@ -95,7 +95,7 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
     timings: dict[str, float] = {}
     stage = stages[0]
     beating = start_heartbeat(run.dir)
-    os.environ.update(mirror_safely(run))  # the trainer's MLflow callback joins the mirrored run
+    apply_env(mirror_safely(run))  # the trainer's MLflow callback joins the mirrored run
     try:
         with Signals(run) as signals:
             for i, stage in enumerate(stages, 1):
@@ -315,7 +315,7 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         run = R.new_run(loaded, root, mode="batch")
         io.write_json(run.dir / "env.json", capture())
     beating = start_heartbeat(run.dir)
-    os.environ.update(mirror_safely(run))
+    apply_env(mirror_safely(run))
     try:
         seconds = execute_stage(run, stage, nb_dir)
     except StageInterrupted as exc:

@@ -2,7 +2,8 @@
 
 `labkit run` (and `labkit stage`) call `mirror_safely` when the run starts, after every stage and when it ends —
 completed, failed or interrupted. The first call returns the environment that joins the trainer's own callbacks
-(report_to "mlflow" / "wandb": the step metrics, once) to the mirrored run; `restore_env` undoes it for the next card.
+(report_to "mlflow" / "wandb": the step metrics, once) to the mirrored run; `apply_env` sets it, `restore_env` undoes
+it for the next card.
 What is sent is the curated view of `labkit.experiment.mirror_content`; MLflow is updated at every call
 (`labkit.experiment.tracking_mlflow`), W&B when the run ends (`labkit.experiment.tracking_wandb`). The run folder and
 the registry stay the record; a mirror is a view of them and never fails the run.
@@ -25,7 +26,7 @@ from labkit.experiment.tracking_mlflow import MLFLOW_ENV as _MLFLOW_NAMES
 from labkit.experiment.tracking_mlflow import STATE, artifact_root, mirror_run, open_mirror, tracking_uri
 from labkit.experiment.tracking_wandb import mirror_wandb, open_wandb, wandb_env
 
-__all__ = ["MLFLOW_ENV", "REACH_SECONDS", "STATE", "artifact_root", "card_uri", "flatten", "mirror_run",
+__all__ = ["MLFLOW_ENV", "REACH_SECONDS", "STATE", "apply_env", "artifact_root", "card_uri", "flatten", "mirror_run",
            "mirror_safely", "numbers", "open_mirror", "restore_env", "tracking_uri"]
 
 # every variable `mirror_safely` may set for the stage kernels (older callers pop these after a card)
@@ -104,9 +105,18 @@ def mirror_safely(run: R.Run, final: bool = False, report: Path | None = None) -
                 mirror_wandb(run, settings, report=report)
     except Exception as exc:  # noqa: BLE001 - as above
         _warn(run, "W&B", exc)
+    return env
+
+
+def apply_env(env: dict[str, str]) -> None:
+    """Set the environment `mirror_safely` returned, for the stage kernels; `restore_env` puts the old values back.
+
+    Args:
+        env: the variables to set.
+    """
     for name in env:
         _saved.setdefault(name, os.environ.get(name))
-    return env
+    os.environ.update(env)
 
 
 def restore_env() -> None:

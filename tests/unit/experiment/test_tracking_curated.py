@@ -14,7 +14,7 @@ from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
 from labkit.experiment.mirror_content import self_contained
-from labkit.experiment.tracking import mirror_run, mirror_safely, restore_env
+from labkit.experiment.tracking import apply_env, mirror_run, mirror_safely, restore_env
 from tests.wandb_log import run_records, summary
 
 REPO = Path(__file__).resolve().parents[3]
@@ -135,10 +135,13 @@ def test_wandb_offline_gets_the_same_view_and_no_secret(tmp_path: Path, monkeypa
     run = _finished_run(tmp_path, "{wandb: {project: smoke-tests}}")
     env = mirror_safely(run)
     assert env["WANDB_RUN_ID"] == run.run_id and env["WANDB_PROJECT"] == "smoke-tests" and env["WANDB_MODE"] == "offline"
-    os.environ.update(env)  # as `labkit run` does for the stage kernels, then undoes for the next card
+    apply_env(env)  # as `labkit run` does for the stage kernels, then undoes for the next card
     restore_env()
     assert "WANDB_RUN_ID" not in os.environ and os.environ["WANDB_DIR"] == str(tmp_path / "wandb_files")
     mirror_safely(run, final=True, report=_report(tmp_path))
+    monkeypatch.delenv("WANDB_MODE")
+    restore_env()  # the final update set nothing: a later card's restore puts back no value of this one
+    assert "WANDB_MODE" not in os.environ
     logs = sorted((tmp_path / "wandb_files" / "wandb").glob(f"offline-run-*-{run.run_id}/run-{run.run_id}.wandb"))
     assert logs, list((tmp_path / "wandb_files").rglob("*"))
     values = summary(logs)
