@@ -7,6 +7,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.labkit-installed
 CARD   ?= params/quickstart.yaml
+# `make test` runs the test modules in this many pytest-xdist processes, each module whole in one (`--dist loadfile`:
+# its fixtures built once; the smoke run once per process); CI has 2 cores; 1 runs everything in one process
+TEST_WORKERS ?= 2
 
 .PHONY: run test test-fast test-slow bench lab venv clean-runs chromium skypilot
 
@@ -42,7 +45,7 @@ run: $(STAMP)
 	$(BIN)/labkit run $(CARD)
 
 test: $(STAMP) chromium skypilot
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -11,6 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# Under pytest-xdist each worker (and every kernel and `labkit` process it starts) gets its share of the cores for
+# torch's threads: two processes' OpenMP threads spinning on the same 2 cores made a tiny model's step 10-15x slower
+# (docs/benchmarks.md#test-suite). A value the caller set stands.
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _workers)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated(tmp_path_factory: pytest.TempPathFactory) -> None:
