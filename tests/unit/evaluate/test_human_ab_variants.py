@@ -17,7 +17,7 @@ from labkit.card.load import load_card
 from labkit.core import io
 from labkit.errors import MissingInput, UsageError
 from labkit.evaluate.ab_session import ab_files, ab_session, human_verdicts
-from labkit.evaluate.human import human_verdict
+from labkit.evaluate.human import ab_items, human_verdict
 from labkit.scoring.metrics import score_predictions
 from labkit.show.widgets import ABRating, ab_rating
 
@@ -50,7 +50,10 @@ def test_two_variants_rated_blind_with_the_order_and_sources_recorded(tmp_path: 
     assert rating.session["sides"] == ["lora-r4", "lora-r16"]
     assert rating.session["sources"] == {"lora-r4": {"run": r4.name, "answers": "comparison/tuned_predictions.jsonl"},
                                          "lora-r16": {"run": r16.name, "answers": "comparison/tuned_predictions.jsonl"}}
-    assert len(items) == 6 and {it["a_is"] for it in items} == {"lora-r4", "lora-r16"}  # sides vary with the seed
+    # the recorded (fresh) seed reproduces the blind order and sides; with 6 items, one side only is a 1-in-32 draw
+    first, second = (io.read_jsonl(r / "comparison" / "tuned_predictions.jsonl") for r in (r4, r16))
+    assert items == ab_items(first, second, rating.session["seed"], 2, ("lora-r4", "lora-r16"))
+    assert len(items) == 6 and all({it["a_is"], it["b_is"]} == {"lora-r4", "lora-r16"} for it in items)
     assert all(it["automatic"] == "lora-r16" for it in items)
     written = []
     for i, item in enumerate(items):
