@@ -63,7 +63,8 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
     target = run.dir / "notebooks" / R.NOTEBOOKS[stage]
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    os.environ.update(_kernel_env(run, stage))
+    apply_env(_kernel_env(run, stage))  # put back when the run ends (`restore_env`): a notebook calling labkit.run
+                                         # keeps its own progress bars and interactive stages
     try:
         with Tail(run.dir, log):
             pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},

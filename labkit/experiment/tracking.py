@@ -109,7 +109,8 @@ def mirror_safely(run: R.Run, final: bool = False, report: Path | None = None) -
 
 
 def apply_env(env: dict[str, str]) -> None:
-    """Set the environment `mirror_safely` returned, for the stage kernels; `restore_env` puts the old values back.
+    """Set variables for the stage kernels (what `mirror_safely` returned, the runner's own); `restore_env` puts the
+    old values back when the run ends.
 
     Args:
         env: the variables to set.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,10 @@ def test_run_then_runs_compare_and_the_latest_stage(tmp_path: Path, monkeypatch)
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("LABKIT_RUNS", str(tmp_path))
     monkeypatch.delenv("LABKIT_BATCH", raising=False)
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
     made = labkit.run(SMOKE, runs=tmp_path)
+    # the kernels' variables are put back: the calling notebook keeps its progress bars and interactive stages
+    assert not {"LABKIT_BATCH", "TQDM_DISABLE", "LABKIT_STAGE", "LABKIT_STEP_SECONDS"} & set(os.environ)
     assert isinstance(made, pd.DataFrame) and len(made) == 1
     (row,) = made.to_dict("records")
     assert row["status"] == "completed" and row["stages_done"] == ["baseline", "preprocessing", "parameter_check",
