@@ -24,7 +24,7 @@ from labkit.model.loading import decisions, pick_dtype
 from labkit.preflight.arms import run_arm
 from labkit.preflight.measure import fixed_length_dataset
 from labkit.preflight.memory import estimate_step
-from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, AccumulationCheck, CheckpointingCheck
+from labkit.preflight.records import AccumulationCheck, CheckpointingCheck
 from labkit.train.packing import pack
 from labkit.train.trainer import to_dataset
 
@@ -174,10 +174,28 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
 
 
 # The smallest memory saving the CPU measurement (peak resident memory) resolves; CUDA's allocator counts bytes.
-# Tiny arms measured 0.4-1.3 MiB of saving where the estimate expected 8.2 MiB, and 4.9-11.1 MiB where it expected
-# 14.4 MiB (bench/gpu_check.py --cpu-dry-run, three runs): below a few tens of MiB the step's resident memory is
-# allocator noise, and judging it failed healthy checks.
+# Tiny arms measured 0.4-1.3 MiB of saving where the kept activations differed by 8.2 MiB, and 4.9-11.1 MiB where
+# they differed by 14.4 MiB (bench/gpu_check.py --cpu-dry-run, three runs): below a few tens of MiB the step's
+# resident memory is allocator noise, and judging it failed healthy checks.
 CPU_RESOLUTION_BYTES = 32 * 2**20
+
+
+def expected_saving(config: Any, card: Card, seq_len: int, micro_batch: int, device: str,
+                    loss_fraction: float = 1.0) -> tuple[float | None, bool]:
+    """The memory activation checkpointing should save on the checkpointing check's step: the step's estimated peak
+    without it less the peak with it (`labkit.preflight.memory.estimate_step`), each at its own peak phase.
+
+    Comparing the kept activations alone (the estimate's alternatives) also charges the one recomputed layer to the
+    checkpointed arm when that phase is not its peak: on a two-layer model half the saving the arms measure.
+
+    Returns:
+        (bytes expected, None for an architecture the estimate does not model; whether it is modelled).
+    """
+    plain, ckpt = (estimate_step(config, card, seq_len, micro_batch=micro_batch, device=device, checkpointing=c,
+                                 loss_fraction=loss_fraction) for c in (False, True))
+    if not plain["modelled"]:
+        return None, False
+    return plain["step_bytes"] - ckpt["step_bytes"], True
 
 
 def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
@@ -239,10 +257,7 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
         problems.append(f"gradients differ by {rel:.2e} (relative), most in {worst}")
     expected, modelled = None, True
     if config is not None:
-        est = estimate_step(config, card, seq_len, device=device)
-        modelled = est["modelled"]  # an architecture the estimate does not model: no expected saving to judge by
-        expected = (est["alternatives"][ACTIVATIONS_PLAIN] - est["alternatives"][ACTIVATIONS_CHECKPOINTED]
-                    if modelled else None)
+        expected, modelled = expected_saving(config, card, seq_len, mb, device, loss_fraction)
     judged = modelled and (expected is None or expected >= (CPU_RESOLUTION_BYTES if device == "cpu" else 1))
     if judged and mem_ckpt >= mem_plain:
         problems.append(f"checkpointing did not lower the step's memory ({mem_ckpt / 2**20:.0f} MiB vs {mem_plain / 2**20:.0f} MiB)")

@@ -322,17 +322,22 @@ from labkit.data.prepare import derive_splits
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
 from labkit.model.sources import resolve
+from labkit.preflight.memory_check import measure
+from labkit.preflight.shared import SharedModel
 from labkit.preflight.stepchecks import checkpointing_check
 card = updated(load_card(sys.argv[1]).card, {"train.trainer": "dpo"})
 model = resolve("tiny:llama")
 tokenizer = load_tokenizer(model, card)
-rows = derive_splits(card, tokenizer).splits["train"][:8]
-result = checkpointing_check(card, lambda: apply_method(load_model(model, card, "cpu"), card), tokenizer, rows, 120, "cpu")
-print(json.dumps({k: result[k] for k in ("ok", "problems", "memory_plain_bytes", "memory_checkpointed_bytes")}))
+rows = derive_splits(card, tokenizer).splits["train"][:16]
+shared = SharedModel(apply_method(load_model(model, card, "cpu"), card))
+measure(card, shared, tokenizer, rows, 360)  # stage 03's memory pass comes first: a process's one-time allocations
+result = checkpointing_check(card, shared, tokenizer, rows, 360, "cpu", config=shared.model.config)
+print(json.dumps({k: result[k] for k in ("ok", "problems", "memory_plain_bytes", "memory_checkpointed_bytes",
+                                         "memory_saving_expected_bytes")}))
 """
 
 
-def test_dpo_activation_checkpointing_same_loss_and_gradients_less_memory(tiny_model) -> None:
+def test_dpo_activation_checkpointing_same_loss_and_gradients_less_memory_as_expected(tiny_model) -> None:
     # in a fresh process, as stage 03 runs it: the CPU's memory figure is the process's peak resident memory, which
     # the heap a long test process has left behind can blur (43 MiB against 42 MiB once, 44 against 21 alone)
     proc = subprocess.run([sys.executable, "-c", _CHECKPOINTING, str(REPO / "params" / "smoke-dpo.yaml")], cwd=REPO,
@@ -340,7 +345,11 @@ def test_dpo_activation_checkpointing_same_loss_and_gradients_less_memory(tiny_m
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["ok"], result["problems"]  # the reference pass runs with checkpointing switched off (TRL)
-    assert result["memory_checkpointed_bytes"] < 0.8 * result["memory_plain_bytes"]
+    plain, checkpointed = result["memory_plain_bytes"], result["memory_checkpointed_bytes"]
+    assert checkpointed < 0.8 * plain
+    # the saving expected is the step estimate's without checkpointing less the one with it (27.5-27.8 MiB measured
+    # against 29.8 expected here, 2026-12-04); the kept activations alone expected 14.2 MiB, half of it
+    assert abs(result["memory_saving_expected_bytes"] / (plain - checkpointed) - 1) < 0.25, result
 
 
 def test_dpo_resumes_from_a_checkpoint_with_the_same_curve(tiny_model, splits, tmp_path: Path) -> None:

@@ -144,7 +144,7 @@ def test_checkpointing_same_gradients_less_memory(card, tiny_model, rows) -> Non
     assert result["memory_judged"] and result["memory_saving_expected_bytes"] > CPU_RESOLUTION_BYTES
     assert result["memory_checkpointed_bytes"] < result["memory_plain_bytes"]
     short = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=64, config=config)
-    # about 2 MiB expected: below what the CPU measurement resolves, so only loss and gradients are judged
+    # about 4 MiB expected: below what the CPU measurement resolves, so only loss and gradients are judged
     assert not short["memory_judged"] and short["memory_saving_expected_bytes"] < CPU_RESOLUTION_BYTES
     assert short["ok"] and short["relative_difference"] < 1e-5
 
