@@ -3,7 +3,7 @@
 `measured_timings` reads the registry (`stage_done` seconds), each run's `<stage>/summary.json`, stage
 04's `training/outcome.json` or log history and stage 03's measured step, and returns medians with the
 runs they come from. Runs of the same experiment are preferred, then runs of the same model source,
-method and max_length.
+method and max_length; of those, one machine's (`_one_machine`).
 """
 
 from __future__ import annotations
@@ -135,6 +135,35 @@ def _tiers(loaded: Any, root: Path) -> list[tuple[str, list[Path]]]:
              other)]
 
 
+def _one_machine(measures: dict[str, dict[str, Any]], events: list[dict[str, Any]]
+                 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The runs of one machine (`env.json`): a median of a CPU's and a GPU's seconds per step plans neither.
+
+    The machine most runs were measured on is kept; on a tie, the one with the latest run (registry time).
+
+    Returns:
+        (the kept runs' measures, the notes: [] when every run was measured on one machine, else one naming the
+        machine kept and each run left out with its machine).
+    """
+    machines: dict[str, list[str]] = {}
+    for run, m in sorted(measures.items()):
+        machines.setdefault(m["device"], []).append(run)
+    if len(machines) < 2:
+        return measures, []
+    latest: dict[str, float] = {}
+    for e in events:
+        if e.get("run_id") in measures:
+            try:
+                latest[e["run_id"]] = max(latest.get(e["run_id"], 0.0), _time(e["time"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    kept = max(machines, key=lambda d: (len(machines[d]), max(latest.get(r, 0.0) for r in machines[d])))
+    left = [f"{r} ({d})" for d, runs in machines.items() if d != kept for r in runs]
+    note = (f"the runs were measured on {len(machines)} machines: the plan uses the {len(machines[kept])} run(s) on "
+            f"{kept} (the machine with the most runs, then the latest); left out: {', '.join(left)}")
+    return {r: measures[r] for r in machines[kept]}, [note]
+
+
 def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
     """The durations of earlier runs that a plan for this card can rest on (medians, with the runs named).
 
@@ -161,9 +190,9 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
             break
     else:
         raise MissingInput(missing_all)
+    measures, notes = _one_machine(measures, events)
     seconds: dict[str, float] = {}
     sources: dict[str, str] = {}
-    notes: list[str] = []
 
     def median(key: str, name: str, how: str, runs: dict[str, Any] | None = None) -> None:
         got = {r: m[key] for r, m in (runs or measures).items() if m.get(key) is not None}
@@ -209,8 +238,6 @@ def measured_timings(loaded: Any, root: Path) -> dict[str, Any]:
         raise MissingInput(NOTHING.format(what="the training split's size", root=root, card=loaded.path))
     save = (t.eval_steps or max(1, steps // 4)) if t.early_stopping else (t.save_steps or max(1, steps // 4))
     devices = sorted({m["device"] for m in measures.values()})
-    if len(devices) > 1:
-        notes.append("the runs were measured on different machines: " + "; ".join(devices))
     d = card.distributed
     gpus = d.num_processes if d.launcher == "accelerate" else 1
     return {"experiment": card.experiment.id, "variant": card.experiment.variant, "card_path": str(loaded.path),

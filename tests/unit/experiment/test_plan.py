@@ -244,11 +244,29 @@ def test_other_experiment_with_the_same_model_method_and_length(runs_root: Path,
     card = tmp_path / "other.yaml"
     card.write_text(f"parent: {QUICKSTART}\nexperiment: {{id: new-exp, variant: v1}}\ntrain: {{max_steps: 100}}\n")
     t = P.measured_timings(load_card(card), runs_root)
-    assert t["runs"] == ["other-e", "qs-a", "qs-b", "qs-c"]
+    # other-e trained on an H200: a median with the CPU runs' steps would plan for neither machine
+    assert t["runs"] == ["qs-a", "qs-b", "qs-c"]
     assert "ticket-triage" in t["matched_by"] and "other-exp" in t["matched_by"]
     assert t["card"]["steps"] == 100 and t["card"]["save_steps"] == 25
-    assert t["seconds"]["seconds_per_step"] == pytest.approx(4.375)  # median of 5, 7, 3.75, 1
-    assert "different machines" in t["notes"][0] and "1 × NVIDIA H200 (139.8 GiB)" in t["device"]
+    assert t["seconds"]["seconds_per_step"] == pytest.approx(5.0)  # median of 5, 7, 3.75 (not the H200's 1)
+    assert t["device"] == "CPU x86_64, 2 cores, 23.54 GiB, no GPU"
+    assert t["notes"][0] == ("the runs were measured on 2 machines: the plan uses the 3 run(s) on CPU x86_64, 2 cores, "
+                             "23.54 GiB, no GPU (the machine with the most runs, then the latest); left out: other-e "
+                             "(1 × NVIDIA H200 (139.8 GiB))")
+
+
+def test_one_run_per_machine_the_latest_machine_is_planned(tmp_path: Path) -> None:
+    root, card = tmp_path / "runs", load_card(QUICKSTART)
+    seconds = {"baseline": 100, "preprocessing": 10, "parameter_check": 40, "training": 130, "comparison": 50}
+    lines = _run(root, "ticket-triage", "on-cpu", card.resolved, seconds, registry=True,
+                 training={"outcome": _outcome(24, 120)})
+    gpu = _run(root, "ticket-triage", "on-gpu", card.resolved, {k: v / 10 for k, v in seconds.items()}, registry=True,
+               training={"outcome": _outcome(24, 12)}, env=ENV_GPU)
+    lines += [{**e, "time": "2026-12-01T09:00:00Z"} for e in gpu]  # the GPU run came later
+    (root / "registry.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    t = P.measured_timings(card, root)
+    assert t["runs"] == ["on-gpu"] and t["seconds"]["seconds_per_step"] == pytest.approx(0.5)
+    assert t["device"] == "1 × NVIDIA H200 (139.8 GiB)" and "left out: on-cpu (CPU x86_64" in t["notes"][0]
 
 
 def test_stage_03_only_and_nothing_measured(tmp_path: Path) -> None:
