@@ -25,6 +25,8 @@ ALLOWED = {
     ("labkit.experiment.tracking_mlflow", "mlflow.tracking"): "mlflow is optional (the `track` extra): only a card "
                                                               "with tracking.mlflow needs it",
     ("labkit.experiment.tracking_mlflow", "mlflow.entities"): "mlflow is optional (the `track` extra)",
+    ("labkit.scoring.rouge", "rouge_score"): "rouge_score imports nltk (0.6-1 s), which every stage kernel would pay "
+                                             "through the trainer's early stopping: only a card scoring ROUGE needs it",
     ("labkit.experiment.tracking_wandb", "wandb"): "wandb is optional (the `track` extra): only a card with "
                                                    "tracking.wandb needs it (and it takes seconds to import)",
 }
