@@ -153,10 +153,7 @@ def _one_machine(measures: dict[str, dict[str, Any]], events: list[dict[str, Any
     latest: dict[str, float] = {}
     for e in events:
         if e.get("run_id") in measures:
-            try:
-                latest[e["run_id"]] = max(latest.get(e["run_id"], 0.0), _time(e["time"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+            latest[e["run_id"]] = max(latest.get(e["run_id"], 0.0), _time(e["time"]))
     kept = max(machines, key=lambda d: (len(machines[d]), max(latest.get(r, 0.0) for r in machines[d])))
     left = [f"{r} ({d})" for d, runs in machines.items() if d != kept for r in runs]
     note = (f"the runs were measured on {len(machines)} machines: the plan uses the {len(machines[kept])} run(s) on "

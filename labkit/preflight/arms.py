@@ -211,8 +211,9 @@ def run_arm(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any
     Args:
         card, make_model, tokenizer, data, device, measure, overrides: as for `one_update`.
         what: the arm in words (e.g. "one batch of 8 rows at 512 tokens"), for the reason it was not measured.
-        size: {"config", "free_bytes", "seq_len", "micro_batch", "checkpointing", "loss_fraction"} to cost the arm
-            (`labkit.preflight.sizing.arm_bytes`); None: not costed (an out-of-memory error is still caught).
+        size: {"config", "free_bytes", "seq_len", "micro_batch", "checkpointing", "loss_fraction", and optionally
+            "estimate", the arm's estimate already made} to cost the arm (`labkit.preflight.sizing.arm_bytes`);
+            None: not costed (an out-of-memory error is still caught).
     Returns:
         `one_update`'s result with "needed_bytes" (None: not costed), or {"not_measurable": reason, "needed_bytes"}.
     """
@@ -220,7 +221,7 @@ def run_arm(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any
     if size is not None and size.get("config") is not None and size.get("free_bytes") is not None:
         free = size["free_bytes"]
         needed = arm_bytes(size["config"], card, size["seq_len"], size["micro_batch"], size["checkpointing"], device,
-                           size.get("loss_fraction", 1.0))
+                           size.get("loss_fraction", 1.0), size.get("estimate"))
         if needed is not None and needed > free:
             return {"not_measurable": not_measurable(needed, free, what), "needed_bytes": needed}
     try:

@@ -24,7 +24,7 @@ from labkit.model.loading import decisions, pick_dtype
 from labkit.preflight.arms import run_arm
 from labkit.preflight.measure import fixed_length_dataset
 from labkit.preflight.memory import estimate_step
-from labkit.preflight.records import AccumulationCheck, CheckpointingCheck
+from labkit.preflight.records import AccumulationCheck, CheckpointingCheck, MemoryEstimate
 from labkit.train.packing import pack
 from labkit.train.trainer import to_dataset
 
@@ -174,28 +174,25 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
 
 
 # The smallest memory saving the CPU measurement (peak resident memory) resolves; CUDA's allocator counts bytes.
-# Tiny arms measured 0.4-1.3 MiB of saving where `expected_saving` expects 13.5 MiB (tiny:phi at 384 tokens), and
-# 4.9-11.1 MiB where it expects 29.6 MiB (the small Llama) (bench/gpu_check.py --cpu-dry-run, three runs): below a
-# few tens of MiB the step's resident memory is allocator noise, and judging it failed healthy checks.
+# In bench/gpu_check.py --cpu-dry-run the tiny arms measure 2.9, 2.4 and 11.1 MiB of saving where `expected_saving`
+# expects 9.5, 7.2 and 23.0 MiB (tiny:phi, tiny:mistral, the small Llama; 2026-12-04), and earlier runs measured
+# 0.4-1.3 MiB where 8.2 MiB of kept activations were expected: below a few tens of MiB the step's resident memory
+# is allocator noise, and judging it failed healthy checks. 64 MiB keeps the largest of those arms below half.
 CPU_RESOLUTION_BYTES = 64 * 2**20
 
 
-def expected_saving(config: Any, card: Card, seq_len: int, micro_batch: int, device: str,
-                    loss_fraction: float = 1.0) -> tuple[float | None, bool]:
+def expected_saving(plain: MemoryEstimate, checkpointed: MemoryEstimate) -> float | None:
     """The memory activation checkpointing should save on the checkpointing check's step: the step's estimated peak
-    without it less the peak with it (`labkit.preflight.memory.estimate_step`), each at its own peak phase.
+    without it less the peak with it (the two arms' `labkit.preflight.memory.estimate_step`), each at its own peak
+    phase.
 
     Comparing the kept activations alone (the estimate's alternatives) also charges the one recomputed layer to the
     checkpointed arm when that phase is not its peak: on a two-layer model half the saving the arms measure.
 
     Returns:
-        (bytes expected, None for an architecture the estimate does not model; whether it is modelled).
+        bytes, or None for an architecture the estimate does not model.
     """
-    plain, ckpt = (estimate_step(config, card, seq_len, micro_batch=micro_batch, device=device, checkpointing=c,
-                                 loss_fraction=loss_fraction) for c in (False, True))
-    if not plain["modelled"]:
-        return None, False
-    return plain["step_bytes"] - ckpt["step_bytes"], True
+    return plain["step_bytes"] - checkpointed["step_bytes"] if plain["modelled"] else None
 
 
 def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: Any, rows: list[dict[str, Any]],
@@ -228,11 +225,15 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
     tol = _tolerance(device, card)
     base = {"seq_len": seq_len, "micro_batch": mb, "tolerance": tol, "free_bytes": free_bytes, "needed_bytes": {},
             "skipped_steps": {}}
+    # each arm's estimate, made once: it costs the arm and gives the saving expected
+    estimates = {} if config is None else {
+        ckpt: estimate_step(config, card, seq_len, micro_batch=mb, device=device, checkpointing=ckpt,
+                            loss_fraction=loss_fraction) for ckpt in (False, True)}
     arms = {}
     for arm, ckpt in (("plain", False), ("checkpointed", True)):
         what = f"micro-batch {mb} at {seq_len} tokens {'with' if ckpt else 'without'} activation checkpointing"
         size = {"config": config, "free_bytes": free_bytes, "seq_len": seq_len, "micro_batch": mb,
-                "checkpointing": ckpt, "loss_fraction": loss_fraction}
+                "checkpointing": ckpt, "loss_fraction": loss_fraction, "estimate": estimates.get(ckpt)}
         with task(f"checkpointing check: arm {len(arms) + 1}/2, {what}"):
             arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size, measure=True,
                                 activation_checkpointing=ckpt, per_device_train_batch_size=mb,
@@ -256,8 +257,8 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
     if not nonfinite and rel > tol:
         problems.append(f"gradients differ by {rel:.2e} (relative), most in {worst}")
     expected, modelled = None, True
-    if config is not None:
-        expected, modelled = expected_saving(config, card, seq_len, mb, device, loss_fraction)
+    if estimates:
+        expected, modelled = expected_saving(estimates[False], estimates[True]), estimates[False]["modelled"]
     judged = modelled and (expected is None or expected >= (CPU_RESOLUTION_BYTES if device == "cpu" else 1))
     if judged and mem_ckpt >= mem_plain:
         problems.append(f"checkpointing did not lower the step's memory ({mem_ckpt / 2**20:.0f} MiB vs {mem_plain / 2**20:.0f} MiB)")

@@ -138,7 +138,8 @@ def fit_verdict(config: Any, card: Card, seq_len: int, free_bytes: float, device
 
 
 def arm_bytes(config: Any, card: Card, seq_len: int, micro_batch: int, checkpointing: bool | None,
-              device: str | DeviceProfile, loss_fraction: float = 1.0) -> float | None:
+              device: str | DeviceProfile, loss_fraction: float = 1.0,
+              estimate: MemoryEstimate | None = None) -> float | None:
     """The memory one arm of a stage-03 step check needs on `device`: its step's estimated peak (weights included, as
     `labkit.preflight.measure.free_device_memory` counts the loaded model as free), with the allocator's
     fragmentation on a GPU; paged optimiser states may page out.
@@ -147,11 +148,12 @@ def arm_bytes(config: Any, card: Card, seq_len: int, micro_batch: int, checkpoin
         config, card, seq_len, device, loss_fraction: as for `labkit.preflight.memory.estimate_step`.
         micro_batch: the arm's batch (e.g. m·k rows for the accumulation check's whole batch).
         checkpointing: activation checkpointing in the arm (None: the card's).
+        estimate: the arm's `estimate_step`, when the caller already has it (the others are then not used).
     Returns:
         bytes, or None when the estimate does not model the architecture (the arm then runs unsized).
     """
-    est = estimate_step(config, card, seq_len, micro_batch=micro_batch, device=device, checkpointing=checkpointing,
-                        loss_fraction=loss_fraction)
+    est = estimate or estimate_step(config, card, seq_len, micro_batch=micro_batch, device=device,
+                                    checkpointing=checkpointing, loss_fraction=loss_fraction)
     if not est["modelled"]:
         return None
     fragmentation = FRAGMENTATION * est["step_bytes"] if on_cuda(device) else 0.0
