@@ -35,8 +35,8 @@ class Model(Strict):
         "for lora/qlora (frozen base), float32 for full fine-tuning there and on the CPU (labkit.model.placement)")
     trust_remote_code: bool = False
     attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
-        default="auto", description="auto: sdpa; with train.packing on a GPU, flash_attention_2 (padding-free) where "
-        "flash-attn is installed and the GPU supports it, else flex_attention on compute capability >= 8.0, else sdpa with "
+        default="auto", description="auto: sdpa (eager for a class without it: Gemma 2, gpt-oss); packing on a GPU: "
+        "flash_attention_2 where installed and supported, else flex_attention on compute capability >= 8.0, else sdpa with "
         "a block mask; Phi computing in float16 gets eager attention with float32 scores (labkit.model.placement)")
 
 

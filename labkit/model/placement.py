@@ -15,8 +15,10 @@ refusal is tested on a CPU with recorded profiles of a T4, a 2×T4 box, an A100,
   builds the document mask on the GPU from the restarting position ids) on a GPU of compute capability ≥ 8.0 (flex
   attention's Triton kernels are not validated below: a T4 packs with sdpa and the block mask); labkit's 4D block
   mask where none applies (the CPU, MPS, a T4, an explicit sdpa / eager).
-- the architecture (`for_architecture`, once the model's config is read): Phi (model_type `phi`) in float16 gets
-  eager attention with float32 scores (`labkit.model.attention`), or a refusal of a fused kernel naming bf16 / fp32.
+- the architecture (`for_architecture`, once the model's config is read): a kernel the architecture's transformers
+  class has no implementation of (Gemma 2 and gpt-oss have no sdpa: softcapping, attention sinks) becomes eager
+  attention under `auto` and is refused when the card names it; Phi (model_type `phi`) in float16 gets eager attention
+  with float32 scores (`labkit.model.attention`), or a refusal of a fused kernel naming bf16 / fp32.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+import transformers
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import is_flash_attn_2_available, is_torch_flex_attn_available
 
 from labkit.card.schema import Card, Method, Train
@@ -73,6 +77,24 @@ class Decisions:
 def attention_kernels() -> dict[str, bool]:
     """Which optional attention kernels this installation has: {"flash_attention_2", "flex_attention"}."""
     return {"flash_attention_2": bool(is_flash_attn_2_available()), "flex_attention": bool(is_torch_flex_attn_available())}
+
+
+@lru_cache(maxsize=32)
+def architecture_kernels(model_type: str | None) -> tuple[str, dict[str, bool]] | None:
+    """The attention kernels the transformers class of a `model_type` implements.
+
+    Args:
+        model_type: the model config's `model_type` ("gemma2", "llama", …).
+    Returns:
+        (the causal-LM class name, {"sdpa", "flash_attention_2", "flex_attention": implemented}), or None for an
+        architecture this transformers does not ship (remote code: its own class decides).
+    """
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type or "")
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        return None
+    return name, {"sdpa": cls._supports_sdpa is True, "flash_attention_2": cls._supports_flash_attn is True,
+                  "flex_attention": cls._supports_flex_attn is True}
 
 
 def _emulated(where: str, value: str, profile: DeviceProfile, fix: str) -> CardError:
@@ -217,8 +239,10 @@ def for_architecture(made: Decisions, card: Card, model_type: str | None) -> Dec
     Returns:
         `made`, or a copy with the attention (and the packing path: labkit's block mask) replaced and a note.
     Raises:
-        CardError: sdpa, flash_attention_2 or flex_attention named for Phi in float16, in one line naming bf16 / fp32.
+        CardError: a kernel named in the card that the architecture's class does not implement; sdpa,
+            flash_attention_2 or flex_attention named for Phi in float16, in one line naming bf16 / fp32.
     """
+    made = _implemented(made, card, model_type)
     float16 = "fp16" if made.precision == "fp16" else "float16" if "float16" in (made.weight_dtype,
                                                                                   made.compute_dtype) else None
     if model_type not in FP16_OVERFLOW or float16 is None or made.attention == FP32_SCORES:
@@ -232,6 +256,25 @@ def for_architecture(made: Decisions, card: Card, model_type: str | None) -> Dec
     note = (f"{model_type} in {float16}: eager attention with float32 scores ({FP32_SCORES}), since its scores "
             "overflow float16 in sdpa / flash / flex; bf16 or fp32 would not need it")
     return replace(made, attention=FP32_SCORES, packing="block_mask" if made.packing else None,
+                   notes=(*made.notes, note))
+
+
+def _implemented(made: Decisions, card: Card, model_type: str | None) -> Decisions:
+    """`made` with an attention kernel the architecture's class implements: under `auto`, flash / flex packing falls
+    back to sdpa with labkit's block mask and sdpa to eager (a note says so); a kernel named in the card is refused."""
+    found = architecture_kernels(model_type)
+    if found is None or made.attention not in found[1] or found[1][made.attention]:
+        return made
+    name, has = found
+    there = ", ".join(["eager", *(k for k, ok in has.items() if ok)])
+    if card.model.attn_implementation != "auto":
+        raise CardError(f"model.attn_implementation: {made.attention} is not implemented for {name} in transformers "
+                        f"{transformers.__version__} (it has {there}); set auto or one of those")
+    attention = "sdpa" if made.attention != "sdpa" and has["sdpa"] else "eager"
+    note = (f"{name} has no {made.attention} attention in transformers {transformers.__version__}: {attention}"
+            + (" with labkit's block mask for packing" if made.packing else "")
+            + (" (it keeps every attention score: more activation memory on long rows)" if attention == "eager" else ""))
+    return replace(made, attention=attention, packing="block_mask" if made.packing else None,
                    notes=(*made.notes, note))
 
 

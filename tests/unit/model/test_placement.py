@@ -13,7 +13,7 @@ from labkit.card.update import updated
 from labkit.core.device import DeviceProfile, cpu_profile, load_profile
 from labkit.errors import CardError
 from labkit.model.attention import FP32_SCORES
-from labkit.model.placement import PACK_TOLERANCE, decide, for_architecture, one_gpu
+from labkit.model.placement import PACK_TOLERANCE, architecture_kernels, decide, for_architecture, one_gpu
 
 PROFILES = Path(__file__).resolve().parent.parent / "core" / "profiles"
 NONE = {"flash_attention_2": False, "flex_attention": False}
@@ -263,3 +263,47 @@ def test_the_machines_decisions_print_their_note_once(monkeypatch: pytest.Monkey
         assert capsys.readouterr().out.count("note: 2 GPUs visible") == 1
     finally:
         loading._decisions.cache_clear()
+
+
+def test_architecture_kernels_read_the_transformers_class() -> None:
+    assert architecture_kernels("gemma2") == ("Gemma2ForCausalLM", {"sdpa": False, "flash_attention_2": True,
+                                                                   "flex_attention": True})
+    assert architecture_kernels("llama")[1] == {"sdpa": True, "flash_attention_2": True, "flex_attention": True}
+    assert architecture_kernels("my_remote_arch") is None and architecture_kernels(None) is None
+
+
+@pytest.mark.parametrize("model_type", ["gemma2", "gpt_oss"])
+def test_auto_attention_becomes_eager_where_the_class_has_no_sdpa(model_type) -> None:
+    for p in (cpu_profile(), profile("a100")):
+        made = decide(card("lora"), p, world_size=1, kernels=NONE)
+        adjusted = for_architecture(made, card("lora"), model_type)
+        assert (adjusted.attention, adjusted.packing) == ("eager", None)
+        assert adjusted.notes[-1].startswith(f"{architecture_kernels(model_type)[0]} has no sdpa attention in "
+                                             "transformers ") and "more activation memory" in adjusted.notes[-1]
+        assert for_architecture(made, card("lora"), "llama") is made  # sdpa where the class has it
+    packed = decide(card("lora", train__packing=True), cpu_profile(), world_size=1, kernels=NONE)
+    assert (packed.attention, packed.packing) == ("sdpa", "block_mask")
+    assert for_architecture(packed, card("lora", train__packing=True), "gemma2").packing == "block_mask"
+
+
+def test_packing_kernel_the_class_lacks_falls_back_to_sdpa_with_the_block_mask() -> None:
+    c = card("lora", train__packing=True)
+    made = decide(c, profile("a100"), world_size=1, kernels=BOTH)
+    assert (made.attention, made.packing) == ("flash_attention_2", "padding_free")
+    gpt_neo = for_architecture(made, c, "gpt_neo")  # flash-attn only: kept
+    assert gpt_neo is made
+    flex = decide(c, profile("a100"), world_size=1, kernels=FLEX)
+    neo = for_architecture(flex, c, "gpt_neo")  # GPTNeo has no flex kernel, and no sdpa either
+    assert (neo.attention, neo.packing) == ("eager", "block_mask") and "block mask" in neo.notes[-1]
+
+
+def test_a_kernel_the_class_lacks_named_in_the_card_is_refused() -> None:
+    c = card("lora", model__attn_implementation="sdpa")
+    made = decide(c, cpu_profile(), world_size=1, kernels=NONE)
+    with pytest.raises(CardError, match=r"^model.attn_implementation: sdpa is not implemented for Gemma2ForCausalLM in "
+                       r"transformers [0-9.]+ \(it has eager, flash_attention_2, flex_attention\); set auto or one of "
+                       r"those$"):
+        for_architecture(made, c, "gemma2")
+    eager = card("lora", model__attn_implementation="eager")
+    kept = decide(eager, cpu_profile(), world_size=1, kernels=NONE)
+    assert for_architecture(kept, eager, "gemma2") is kept
