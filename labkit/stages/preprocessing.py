@@ -154,6 +154,10 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
     added = bool(chatml_ids(card, tokenizer))
     if added:  # labkit.model.loading.resize_for_tokenizer: ChatML's rows and EOS are given to the model on load
         declared, vocab = declared | {tokenizer.eos_token_id}, max(vocab or 0, len(tokenizer))
+    # what generation stops on (`labkit.evaluate.generation.stop_ids`): Gemma's and Phi-3's templates close the turn
+    # with an end-of-turn token the model declares, not with the tokenizer's EOS
+    stops = sorted(declared | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()))
+    ends = [t for t in tokenizer.convert_ids_to_tokens(stops) if t]
     if card.data.prompt.format == "plain":
         probe = encode_example(tokenizer, card, "x", "ANSWER")
         tail = tokenizer.decode(probe.input_ids[-1:])
@@ -162,7 +166,7 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}], tokenize=False)
         tail = rendered.split("ANSWER", 1)[-1]
-        closing = ("the chat template closes the answer with the EOS token", tokenizer.eos_token in tail)
+        closing = ("the chat template closes the answer with a token generation stops on", any(t in tail for t in ends))
     rows = [
         ("the tokenizer's EOS is an end token the model declares", not declared or tokenizer.eos_token_id in declared,
          f"tokenizer EOS {tokenizer.eos_token!r} (id {tokenizer.eos_token_id}) vs the model's {sorted(declared)}: "
@@ -171,8 +175,8 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
          vocab is None or len(tokenizer) <= vocab,
          f"{len(tokenizer)} tokenizer entries vs {vocab} embedding rows: a tokenizer of another model?"),
         (*closing,
-         f"after the answer the prompt format writes {tail!r}, not the EOS {tokenizer.eos_token!r}: the model learns to "
-         "stop with a token that generation does not stop on"),
+         f"after the answer the prompt format writes {tail!r}, none of the tokens generation stops on ({', '.join(ends)}): "
+         "the model learns to stop with a token that generation does not stop on"),
     ]
     return [{"split": "model", "check": check, "ok": bool(ok), "failed": int(not ok), "failed_ids": [],
              "explanation": why} for check, ok, why in rows]

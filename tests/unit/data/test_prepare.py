@@ -146,10 +146,15 @@ def test_eos_without_loss_is_caught(tok, tiny_model) -> None:
 def test_model_checks_catch_a_foreign_eos_and_template(tok, tiny_model) -> None:
     card = load_card(REPO / "params" / "smoke.yaml").card
     assert all(c["ok"] for c in model_checks(tiny_model, tok, card))
-    tok.eos_token = "<|endoftext|>"
+    tok.eos_token = "<|endoftext|>"  # not the model's: generation still stops on the <|im_end|> the template writes
     failed = {c["check"] for c in model_checks(tiny_model, tok, card) if not c["ok"]}
-    assert failed == {"the tokenizer's EOS is an end token the model declares",
-                      "the chat template closes the answer with the EOS token"}
+    assert failed == {"the tokenizer's EOS is an end token the model declares"}
+    tok.chat_template = tok.chat_template.replace("<|im_end|>", "")  # a template that closes the turn with nothing
+    closing = {c["check"]: c for c in model_checks(tiny_model, tok, card)}[
+        "the chat template closes the answer with a token generation stops on"]
+    assert not closing["ok"] and closing["explanation"] == (
+        "after the answer the prompt format writes '\\n', none of the tokens generation stops on (<|endoftext|>, "
+        "<|im_end|>): the model learns to stop with a token that generation does not stop on")
 
 
 def test_a_variant_on_changed_data_stops_at_preparation_with_both_versions(tmp_path: Path, tok, tiny_model) -> None:
