@@ -234,6 +234,9 @@ class Prompt(Strict):
     template: str | None = Field(
         default=None, description="format plain: text with {system} and {instruction}, ending with the response marker")
     system: str | None = None
+    system_in: Literal["system", "user"] = Field(
+        default="system", description="format chat: where `system` goes: a system message, or the start of the user "
+        "message (for chat templates without a system role, such as Gemma 2's)")
     instruction: str = Field(default="{input}", description="user message; {input} is replaced by the row's input")
 
     @field_validator("instruction")
@@ -259,6 +262,10 @@ class Prompt(Strict):
                              "renders `template`)")
         if self.format == "chat" and self.template is not None:
             raise ValueError("template is only for format: plain; remove it or set format: plain")
+        if self.system_in == "user" and self.format == "plain":
+            raise ValueError("system_in is only for format: chat (the plain template places {system}); remove it")
+        if self.system_in == "user" and not self.system:
+            raise ValueError("system_in: user places `system`, which is not set; set system or remove system_in")
         return self
 
     @property

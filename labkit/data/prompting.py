@@ -6,6 +6,7 @@ is trained on is token for token the prompt it is evaluated with.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,12 +17,25 @@ from labkit.card.experiment_and_data import Prompt
 IGNORE = -100
 
 
-def messages(prompt: Prompt, text: str) -> list[dict[str, str]]:
-    """Chat messages of the prompt for one input text (system message when `data.prompt` has one)."""
-    out = []
-    if prompt.system:
-        out.append({"role": "system", "content": prompt.system.strip()})
+def messages(prompt: Prompt, text: str, shots: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
+    """Chat messages of the prompt for one input text.
+
+    Args:
+        prompt: the card's `data.prompt`: its `system` text is a system message, or (`system_in: user`) opens the
+            first user message, followed by a blank line, for templates without a system role.
+        text: the input text.
+        shots: (input, answer) pairs shown first as earlier turns (a few-shot baseline prompt).
+    Returns:
+        the messages, ending with the user message of `text`.
+    """
+    out = [{"role": "system", "content": prompt.system.strip()}] if prompt.system and prompt.system_in == "system" else []
+    for given, answer in shots:
+        out += [{"role": "user", "content": prompt.instruction.replace("{input}", given)},
+                {"role": "assistant", "content": answer}]
     out.append({"role": "user", "content": prompt.instruction.replace("{input}", text)})
+    if prompt.system and prompt.system_in == "user":
+        first = out[0]
+        out[0] = {**first, "content": f"{prompt.system.strip()}\n\n{first['content']}"}
     return out
 
 

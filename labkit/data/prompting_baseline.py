@@ -88,11 +88,8 @@ def baseline_prompt_ids(tokenizer: Any, card: Card, item: BaselinePrompt, text: 
     if prompt.format == "plain":
         worked = [plain_prompt(prompt, s["input"]) + s["target"] for s in shots]
         return _plain_ids(tokenizer, "\n\n".join([*worked, plain_prompt(prompt, text)]))
-    turns = messages(prompt, text)
-    system, question = turns[:-1], turns[-1:]
-    for s in shots:
-        system += [messages(prompt, s["input"])[-1], {"role": "assistant", "content": s["target"]}]
-    return _ids(tokenizer.apply_chat_template(system + question, add_generation_prompt=True, tokenize=True))
+    turns = messages(prompt, text, shots=[(s["input"], s["target"]) for s in shots])
+    return _ids(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True))
 
 
 def stop_strings(item: BaselinePrompt) -> list[str]:

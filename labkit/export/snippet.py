@@ -91,9 +91,10 @@ def prompt_lines(card: Any) -> list[str]:
                 "ids = tokenizer(prompt)['input_ids']",
                 "if tokenizer.bos_token_id is not None and ids[:2] == [tokenizer.bos_token_id] * 2:",
                 "    ids = ids[1:]  # one BOS, as in training"]
-    system = ([f"messages = [{{'role': 'system', 'content': {prompt.system.strip()!r}}}]"] if prompt.system
-              else ["messages = []"])
-    return [*system, f"messages.append({{'role': 'user', 'content': {prompt.instruction!r}.replace('{{input}}', text)}})",
+    in_system = prompt.system and prompt.system_in == "system"
+    system = [f"messages = [{{'role': 'system', 'content': {prompt.system.strip()!r}}}]"] if in_system else ["messages = []"]
+    opening = f"{prompt.system.strip() + chr(10) * 2!r} + " if prompt.system and not in_system else ""  # system_in: user
+    return [*system, f"messages.append({{'role': 'user', 'content': {opening}{prompt.instruction!r}.replace('{{input}}', text)}})",
             "ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, "
             "return_dict=True)['input_ids'])"]
 

@@ -15,13 +15,16 @@ from typing import Any
 
 import torch
 from accelerate import init_empty_weights
+from jinja2.exceptions import TemplateError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_enabled
 
+from labkit.card.experiment_and_data import Prompt
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
 from labkit.core.progress import task
-from labkit.errors import MethodError, ModelSourceError
+from labkit.data.prompting import messages
+from labkit.errors import CardError, MethodError, ModelSourceError
 from labkit.model import attention
 from labkit.model.placement import Decisions, decide, for_architecture
 from labkit.model.sources import ResolvedModel
@@ -112,7 +115,9 @@ def load_tokenizer(resolved: ResolvedModel, card: Card) -> Any:
     Returns:
         a transformers tokenizer with a pad token (and a chat template for format chat).
     Raises:
-        ModelSourceError: the tokenizer does not load, or has no chat template for `chat_template: model`.
+        ModelSourceError: the tokenizer does not load, has no chat template for `chat_template: model`, or its
+            template refuses a user / assistant conversation.
+        CardError: the template refuses the card's system message (`check_template`).
     """
     try:
         tokenizer = AutoTokenizer.from_pretrained(
@@ -126,9 +131,34 @@ def load_tokenizer(resolved: ResolvedModel, card: Card) -> Any:
         raise ModelSourceError(
             f"{resolved.source}: the tokenizer has no chat template (data.prompt.chat_template: model needs one): "
             "set data.prompt.format: plain, or data.prompt.chat_template: chatml to add ChatML")
+    if prompt.format == "chat":
+        check_template(tokenizer, prompt, resolved.source)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def check_template(tokenizer: Any, prompt: Prompt, source: str) -> None:
+    """The chat template renders the card's conversation (a refusal the template raises itself, such as Gemma 2's
+    "System role not supported", stops the run when the tokenizer loads, naming the key that fixes it).
+
+    Args:
+        tokenizer: the tokenizer, its chat template set.
+        prompt: the card's `data.prompt` (format chat).
+        source: the model source, for the message.
+    Raises:
+        CardError: the template refuses the system message (`data.prompt.system_in: user` places it).
+        ModelSourceError: the template refuses a user / assistant conversation.
+    """
+    try:
+        tokenizer.apply_chat_template([*messages(prompt, "x"), {"role": "assistant", "content": "y"}], tokenize=False)
+    except TemplateError as exc:
+        if prompt.system and prompt.system_in == "system":
+            raise CardError(f"data.prompt.system: the chat template of {source} refuses a system message ({exc}); set "
+                            "data.prompt.system_in: user (the text opens the user message) or remove "
+                            "data.prompt.system") from None
+        raise ModelSourceError(f"{source}: the chat template refuses a user / assistant conversation ({exc}); set "
+                               "data.prompt.format: plain, or data.prompt.chat_template: chatml") from None
 
 
 def resize_for_tokenizer(model: Any, card: Card, tokenizer: Any) -> None:

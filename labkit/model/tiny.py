@@ -11,6 +11,7 @@ mimic their architecture's base models:
 | `mistral` | MistralForCausalLM | a base Mistral: GQA, sliding window, no chat template and no ChatML tokens |
 | `qwen2` | Qwen2ForCausalLM | Qwen2: q/k/v biases, tied embeddings, ChatML template |
 | `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
+| `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from labkit.data.tickets import generate_tickets
@@ -32,6 +33,15 @@ CHATML = (
     "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# Gemma 2's instruction template, as google/gemma-2-*-it ship it (the system role refused, the BOS written)
+GEMMA = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -51,6 +61,11 @@ SIZES = {
     "phi": {"arch": "Phi", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
             "partial_rotary_factor": 0.5, "vocab": 600, "template": False, "special": ["<|endoftext|>"],
             "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>"), "tie_word_embeddings": False},
+    "gemma2": {"arch": "Gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32,
+               "sliding_window": 64, "vocab": 600, "template": GEMMA, "add_bos": True, "stops": ["<end_of_turn>"],
+               "special": ["<|endoftext|>", "<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
+               "tokens": ("<bos>", "<eos>", "<pad>")},
 }
 
 
@@ -75,22 +90,26 @@ def build_tiny(name: str, out: Path) -> None:
     arch, vocab, pad_rows = size.pop("arch"), size.pop("vocab"), size.pop("pad_rows", 0)
     special = size.pop("special", SPECIAL)
     bos, eos, pad = size.pop("tokens", ("<|im_start|>", "<|im_end|>", "<|im_end|>"))
-    template = size.pop("template", True)
+    template, add_bos, stops = size.pop("template", True), size.pop("add_bos", False), size.pop("stops", [])
     bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     bpe.train_from_iterator(_corpus(), trainer=trainer)
+    if add_bos:  # the tokenizer itself starts every text with the BOS (Gemma's, Llama's)
+        bpe.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                          special_tokens=[(bos, bpe.token_to_id(bos))])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=pad,
                                         unk_token="<|endoftext|>")
     if template:
-        tokenizer.chat_template = CHATML
+        tokenizer.chat_template = template if isinstance(template, str) else CHATML
     config_class = getattr(transformers, f"{arch}Config")
     size.setdefault("tie_word_embeddings", True)
     config = config_class(
         vocab_size=len(tokenizer) + pad_rows, max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=[tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(stops)] if stops else tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, **size)
     torch.manual_seed(0)
     save_folder(getattr(transformers, f"{arch}ForCausalLM")(config), tokenizer, out)

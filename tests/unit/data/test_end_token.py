@@ -40,7 +40,8 @@ def rows() -> list[dict]:
 
 
 def _setup(name: str, fmt: str):
-    card = card_for(name, FORMATS[fmt])
+    refuses_system = fmt == "chat (model's template)" and name == "gemma2"  # Gemma 2's template has no system role
+    card = card_for(name, {**FORMATS[fmt], **({"system_in": "user"} if refuses_system else {})})
     resolved = resolve(f"tiny:{name}")
     tokenizer = load_tokenizer(resolved, card)
     return card, resolved, tokenizer

@@ -11,8 +11,8 @@ from conftest import REPO
 
 from labkit.card.schema import Card
 from labkit.data.prompting import IGNORE, check_encoded, encode_example, plain_prompt, prompt_ids, prompt_text
-from labkit.errors import ModelSourceError
-from labkit.model.loading import add_chatml, load_model, load_tokenizer
+from labkit.errors import CardError, ModelSourceError
+from labkit.model.loading import add_chatml, check_template, load_model, load_tokenizer
 from labkit.model.sources import resolve
 from labkit.show.tokens import render_page
 
@@ -56,6 +56,10 @@ def test_card_keys_and_their_refusals() -> None:
         card_with(format="plain", template="Q: {system}\nA: ")
     with pytest.raises(ValueError, match="Input should be 'model' or 'chatml'"):
         card_with(chat_template="llama")
+    with pytest.raises(ValueError, match="system_in is only for format: chat"):
+        card_with(format="plain", system_in="user")
+    with pytest.raises(ValueError, match="system_in: user places `system`, which is not set"):
+        card_with(system_in="user", system=None)
 
 
 # --- plain -------------------------------------------------------------------------------------------------------
@@ -114,6 +118,40 @@ def test_plain_bos_added_once(phi) -> None:
 def test_model_template_refused_without_one(phi) -> None:
     with pytest.raises(ModelSourceError, match="data.prompt.chat_template: model needs one.*format: plain.*chatml"):
         load_tokenizer(phi, card_with("tiny:phi"))
+
+
+def test_a_template_refusing_the_system_message_names_system_in(tiny_model) -> None:
+    """Gemma 2's template raises "System role not supported": the run stops when the tokenizer loads, naming the key;
+    `system_in: user` opens the user message with the system text (a blank line between), in every prompt built."""
+    gemma = resolve("tiny:gemma2")
+    with pytest.raises(CardError, match=r"^data.prompt.system: the chat template of tiny:gemma2 refuses a system "
+                       r"message \(System role not supported\); set data.prompt.system_in: user \(the text opens the "
+                       r"user message\) or remove data.prompt.system$"):
+        load_tokenizer(gemma, card_with("tiny:gemma2"))
+    card = card_with("tiny:gemma2", system_in="user")
+    tok = load_tokenizer(gemma, card)
+    assert prompt_text(tok, card.data.prompt, "hello") == (
+        "<bos><start_of_turn>user\nReply with one JSON object and nothing else.\n\nTicket:\nhello<end_of_turn>\n"
+        "<start_of_turn>model\n")
+    enc = encode_example(tok, card, "hello", ANSWER)
+    assert all(failed(tok, [enc, encode_example(tok, card, "a longer input text", ANSWER)]).values())
+    assert enc.input_ids[:2] != [tok.bos_token_id] * 2  # the template's BOS, not the tokenizer's as well
+    chatml = card_with("tiny:llama", system_in="user")  # a template with a system role places it as asked, too
+    assert prompt_text(load_tokenizer(tiny_model, chatml), chatml.data.prompt, "hi").startswith(
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nReply with one JSON object")
+    with pytest.raises(ModelSourceError, match=r"^tiny:gemma2: the chat template refuses a user / assistant "
+                       r"conversation \(Conversation roles must alternate"):
+        check_template(_AssistantFirst(tok), card.data.prompt, "tiny:gemma2")
+
+
+class _AssistantFirst:
+    """A tokenizer whose conversations open with an assistant turn (what Gemma's template refuses)."""
+
+    def __init__(self, tok) -> None:
+        self.tok = tok
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return self.tok.apply_chat_template([{"role": "assistant", "content": "hi"}, *conversation], **kwargs)
 
 
 def test_chatml_added_to_a_base_model(mistral) -> None:

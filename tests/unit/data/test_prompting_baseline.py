@@ -115,6 +115,11 @@ def test_few_shot_renders_k_training_examples_before_the_question(tiny_model) ->
     assert turns.count("<|im_start|>assistant\n") == 4 and turns.count("<|im_start|>system") == 1
     assert all(s["target"] in turns for s in shots)
     assert turns.endswith("the question<|im_end|>\n<|im_start|>assistant\n")
+    opened = card_with(system_in="user")  # the system text opens the first user message only, never each example's
+    first = chat_tok.decode(baseline_prompt_ids(chat_tok, opened, FewShotPrompt(few_shot=3), "the question", shots))
+    system = opened.data.prompt.system.strip()
+    assert first.count(system) == 1 and f"<|im_start|>user\n{system}\n\n" in first
+    assert first.index(system) < first.index(shots[0]["input"])
 
 
 def test_the_chat_template_is_skipped_with_its_reason() -> None:

@@ -61,17 +61,19 @@ def _run_lines(lines: list[str], tokenizer, text: str) -> list[int]:
     return scope["ids"]
 
 
-@pytest.mark.parametrize("fmt", ["chat", "plain"])
+@pytest.mark.parametrize("fmt", ["chat", "chat, system in the user message", "plain"])
 def test_snippet_renders_the_training_prompt_token_for_token(fmt: str, tiny_model) -> None:
     from labkit.model.loading import load_tokenizer
 
     card = load_card(REPO / "params" / "smoke.yaml").card
     if fmt == "plain":
         card = updated(card, {"data.prompt.format": "plain"})
+    if fmt.endswith("user message"):
+        card = updated(card, {"data.prompt.system_in": "user"})
     tokenizer = load_tokenizer(tiny_model, card)
     text = "The printer {input} on floor 3 is jammed.\nPlease help."
     lines = prompt_lines(card)
-    assert any("apply_chat_template" in line for line in lines) == (fmt == "chat")
+    assert any("apply_chat_template" in line for line in lines) == fmt.startswith("chat")
     assert _run_lines(lines, tokenizer, text) == prompt_ids(tokenizer, card, text)
 
 
