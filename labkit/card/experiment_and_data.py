@@ -223,6 +223,10 @@ class Leakage(Strict):
         default="report", description="duplicates inside one split: report them, or keep the first (by id) only")
 
 
+# apply_chat_template's own arguments: not variables a card may pass to the template
+_RENDER_ARGUMENTS = {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize",
+                     "continue_final_message", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+                     "return_assistant_tokens_mask", "tokenizer_kwargs", "kwargs"}
 PLAIN_TEMPLATE = "### Instruction:\n{system}\n\n{instruction}\n\n### Response:\n"
 
 
@@ -238,6 +242,9 @@ class Prompt(Strict):
         default="system", description="format chat: where `system` goes: a system message, or the start of the user "
         "message (for chat templates without a system role, such as Gemma 2's)")
     instruction: str = Field(default="{input}", description="user message; {input} is replaced by the row's input")
+    chat_template_kwargs: dict[str, bool | int | float | str] = Field(
+        default_factory=dict, description="format chat: variables every render of the chat template gets, e.g. "
+        "{enable_thinking: false} for Qwen3 (its empty think block then ends the prompt instead of opening the answer)")
 
     @field_validator("instruction")
     @classmethod
@@ -262,6 +269,11 @@ class Prompt(Strict):
                              "renders `template`)")
         if self.format == "chat" and self.template is not None:
             raise ValueError("template is only for format: plain; remove it or set format: plain")
+        if self.chat_template_kwargs and self.format == "plain":
+            raise ValueError("chat_template_kwargs is only for format: chat; remove it")
+        if bad := [k for k in self.chat_template_kwargs if not k.isidentifier() or k in _RENDER_ARGUMENTS]:
+            raise ValueError(f"chat_template_kwargs: {bad[0]!r} is not a template variable (a Python name that is not "
+                             "one of apply_chat_template's own arguments)")
         if self.system_in == "user" and self.format == "plain":
             raise ValueError("system_in is only for format: chat (the plain template places {system}); remove it")
         if self.system_in == "user" and not self.system:

@@ -59,6 +59,12 @@ def plain_prompt(prompt: Prompt, text: str) -> str:
     return template.replace("{system}", system).replace("{instruction}", instruction)
 
 
+def render(tokenizer: Any, prompt: Prompt, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
+    """`tokenizer.apply_chat_template` of a conversation with the card's `data.prompt.chat_template_kwargs` (every
+    render of the chat template goes through here, so the prompt and the answer see the same variables)."""
+    return tokenizer.apply_chat_template(conversation, **prompt.chat_template_kwargs, **kwargs)
+
+
 def _ids(encoded: Any) -> list[int]:
     """apply_chat_template(tokenize=True) returns a list or a BatchEncoding depending on the version."""
     if isinstance(encoded, dict) or hasattr(encoded, "keys"):
@@ -80,14 +86,14 @@ def prompt_ids(tokenizer: Any, card: Card, text: str) -> list[int]:
     prompt = card.data.prompt
     if prompt.format == "plain":
         return _plain_ids(tokenizer, plain_prompt(prompt, text))
-    return _ids(tokenizer.apply_chat_template(messages(prompt, text), add_generation_prompt=True, tokenize=True))
+    return _ids(render(tokenizer, prompt, messages(prompt, text), add_generation_prompt=True, tokenize=True))
 
 
 def prompt_text(tokenizer: Any, prompt: Prompt, text: str) -> str:
     """The prompt as text after the chat template (or the plain template), for the card's `data.prompt`."""
     if prompt.format == "plain":
         return plain_prompt(prompt, text)
-    return tokenizer.apply_chat_template(messages(prompt, text), add_generation_prompt=True, tokenize=False)
+    return render(tokenizer, prompt, messages(prompt, text), add_generation_prompt=True, tokenize=False)
 
 
 def format_name(prompt: Prompt) -> str:
@@ -110,6 +116,8 @@ class Encoded:
         truncated: whether max_length cut the example.
         prefix_ok: whether the prompt alone is a token prefix of prompt+completion.
         prompt_format: the prompt format in words (`format_name`), shown with the rendered samples.
+        before_answer: the text the chat template writes between the prompt and the answer ("" when the answer follows
+            the prompt; None when the answer's text is not found in the completion, e.g. a template that rewrites it).
     """
 
     input_ids: list[int]
@@ -119,6 +127,7 @@ class Encoded:
     truncated: bool
     prefix_ok: bool
     prompt_format: str = ""
+    before_answer: str | None = ""
 
     @property
     def loss_tokens(self) -> int:
@@ -145,8 +154,9 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
         full = _plain_ids(tokenizer, plain_prompt(card.data.prompt, text) + target)
     else:
         convo = messages(card.data.prompt, text) + [{"role": "assistant", "content": target}]
-        full = _ids(tokenizer.apply_chat_template(convo, tokenize=True))
+        full = _ids(render(tokenizer, card.data.prompt, convo, tokenize=True))
     prefix_ok = full[: len(prompt)] == prompt
+    before = _before_answer(tokenizer, full[len(prompt):], target) if prefix_ok and card.data.prompt.format == "chat" else ""
     eos = tokenizer.eos_token_id
     positions = [i for i in range(len(prompt), len(full)) if full[i] == eos]
     if positions:
@@ -158,7 +168,15 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     limit = card.data.max_length
     return Encoded(input_ids=full[:limit], labels=labels[:limit], prompt_len=len(prompt), full_len=full_len,
                    truncated=full_len > limit, prefix_ok=prefix_ok,
-                   prompt_format=format_name(card.data.prompt))
+                   prompt_format=format_name(card.data.prompt), before_answer=before)
+
+
+def _before_answer(tokenizer: Any, completion: list[int], target: str) -> str | None:
+    """What the rendered completion holds before the answer's text (Qwen3's template writes an empty think block
+    there), or None when the answer's text is not in it."""
+    text, answer = tokenizer.decode(completion), target.strip()
+    at = text.find(answer) if answer else 0
+    return text[:at] if at >= 0 else None
 
 
 def encode_rows(tokenizer: Any, card: Card, rows: list[dict[str, Any]]) -> list[Encoded]:
@@ -209,7 +227,7 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
         a list of {"check", "ok", "failed_ids", "explanation"}.
     """
     eos, bos = tokenizer.eos_token_id, tokenizer.bos_token_id
-    no_loss, no_eos, not_prefix, truncated, two_bos = [], [], [], [], []
+    no_loss, no_eos, not_prefix, truncated, two_bos, inserted = [], [], [], [], [], {}
     for row, enc in zip(rows, encoded, strict=True):
         if enc.loss_tokens == 0:
             no_loss.append(row["id"])
@@ -221,6 +239,8 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
             truncated.append(row["id"])
         if bos is not None and enc.input_ids[:2] == [bos, bos]:
             two_bos.append(row["id"])
+        if enc.before_answer and enc.before_answer.strip():
+            inserted[row["id"]] = enc.before_answer
     pad_ok, pad_failed = padding_check(tokenizer, encoded)
     same = "pad = EOS" if tokenizer.pad_token_id == eos else "pad ≠ EOS"
     return [
@@ -232,6 +252,12 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
          "explanation": "otherwise the model is trained on a context it never sees at inference"},
         {"check": "no example truncated by max_length", "ok": not truncated, "failed_ids": truncated,
          "explanation": "a truncated completion loses its EOS and part of the answer; raise max_length or drop long rows"},
+        {"check": "the answer follows the prompt directly", "ok": not inserted, "failed_ids": list(inserted),
+         "explanation": (f"the chat template writes {next(iter(inserted.values()))!r} between the prompt and the answer: "
+                         "the model learns to generate it before every answer, and the evaluation reads it as part of "
+                         "the answer; for Qwen3's empty think block set data.prompt.chat_template_kwargs: "
+                         "{enable_thinking: false}, which moves it into the prompt") if inserted else
+                        "the completion after the prompt is the answer, then its end token"},
         {"check": "BOS appears once at the start", "ok": not two_bos, "failed_ids": two_bos,
          "explanation": "the template writes a BOS and the tokenizer adds another: the model sees a doubled BOS it was "
                         "never pre-trained on"},

@@ -11,7 +11,7 @@ from typing import Any
 
 from labkit.card.baseline_prompts import INPUT, BaselinePrompt, FewShotPrompt, TemplatePrompt
 from labkit.card.schema import Card
-from labkit.data.prompting import _ids, _plain_ids, messages, plain_prompt, prompt_ids
+from labkit.data.prompting import _ids, _plain_ids, messages, plain_prompt, prompt_ids, render
 
 
 def chat_template_skip(tokenizer: Any, card: Card) -> str | None:
@@ -89,7 +89,7 @@ def baseline_prompt_ids(tokenizer: Any, card: Card, item: BaselinePrompt, text: 
         worked = [plain_prompt(prompt, s["input"]) + s["target"] for s in shots]
         return _plain_ids(tokenizer, "\n\n".join([*worked, plain_prompt(prompt, text)]))
     turns = messages(prompt, text, shots=[(s["input"], s["target"]) for s in shots])
-    return _ids(tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=True))
+    return _ids(render(tokenizer, prompt, turns, add_generation_prompt=True, tokenize=True))
 
 
 def stop_strings(item: BaselinePrompt) -> list[str]:

@@ -96,7 +96,8 @@ def prompt_lines(card: Any) -> list[str]:
     opening = f"{prompt.system.strip() + chr(10) * 2!r} + " if prompt.system and not in_system else ""  # system_in: user
     return [*system, f"messages.append({{'role': 'user', 'content': {opening}{prompt.instruction!r}.replace('{{input}}', text)}})",
             "ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, "
-            "return_dict=True)['input_ids'])"]
+            + "".join(f"{k}={v!r}, " for k, v in prompt.chat_template_kwargs.items())  # as in training
+            + "return_dict=True)['input_ids'])"]
 
 
 def load_snippet(weights: str, base: dict[str, Any], card: Any, dtype: str,

@@ -11,6 +11,7 @@ mimic their architecture's base models:
 | `mistral` | MistralForCausalLM | a base Mistral: GQA, sliding window, no chat template and no ChatML tokens |
 | `qwen2` | Qwen2ForCausalLM | Qwen2: q/k/v biases, tied embeddings, ChatML template |
 | `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
+| `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
 """
 
@@ -43,6 +44,30 @@ GEMMA = (
     "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
+# Qwen3's chat template as Qwen/Qwen3-* ship it, without its tools branch: the last assistant turn opens with an
+# empty think block unless `enable_thinking=False` puts that block at the end of the generation prompt
+QWEN3 = (
+    "{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>"
+    "\\n' }}{%- endif %}{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1)"
+    ' %}{%- for message in messages[::-1] %}{%- set index = (messages|length - 1) - loop.index0 %}{%- if '
+    'ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.'
+    "startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}{%- set ns.multi_s"
+    'tep_tool = false %}{%- set ns.last_query_index = index %}{%- endif %}{%- endfor %}{%- for message in'
+    ' messages %}{%- if message.content is string %}{%- set content = message.content %}{%- else %}{%- se'
+    't content = \'\' %}{%- endif %}{%- if (message.role == "user") or (message.role == "system" and not lo'
+    "op.first) %}{{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}{%- elif mess"
+    'age.role == "assistant" %}{%- set reasoning_content = \'\' %}{%- if message.reasoning_content is strin'
+    "g %}{%- set reasoning_content = message.reasoning_content %}{%- else %}{%- if '</think>' in content "
+    "%}{%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip("
+    "'\\n') %}{%- set content = content.split('</think>')[-1].lstrip('\\n') %}{%- endif %}{%- endif %}{%- i"
+    'f loop.index0 > ns.last_query_index %}{%- if loop.last or (not loop.last and reasoning_content) %}{{'
+    "- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' +"
+    " content.lstrip('\\n') }}{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + content }}{%- endif %}{{- '<|im_end|>\\n' }}{%-"
+    " endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- if enable_t"
+    "hinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- en"
+    'dif %}'
+)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2}
@@ -61,6 +86,7 @@ SIZES = {
     "phi": {"arch": "Phi", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
             "partial_rotary_factor": 0.5, "vocab": 600, "template": False, "special": ["<|endoftext|>"],
             "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>"), "tie_word_embeddings": False},
+    "qwen3": {"arch": "Qwen3", **_LLAMA, "head_dim": 32, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
     "gemma2": {"arch": "Gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32,
                "sliding_window": 64, "vocab": 600, "template": GEMMA, "add_bos": True, "stops": ["<end_of_turn>"],
@@ -91,6 +117,7 @@ def build_tiny(name: str, out: Path) -> None:
     special = size.pop("special", SPECIAL)
     bos, eos, pad = size.pop("tokens", ("<|im_start|>", "<|im_end|>", "<|im_end|>"))
     template, add_bos, stops = size.pop("template", True), size.pop("add_bos", False), size.pop("stops", [])
+    added = size.pop("added", [])
     bpe = Tokenizer(models.BPE(unk_token="<|endoftext|>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -102,6 +129,7 @@ def build_tiny(name: str, out: Path) -> None:
                                                           special_tokens=[(bos, bpe.token_to_id(bos))])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=bos, eos_token=eos, pad_token=pad,
                                         unk_token="<|endoftext|>")
+    tokenizer.add_tokens(added)  # ordinary added tokens (Qwen3's <think>, </think>): decoding keeps them
     if template:
         tokenizer.chat_template = template if isinstance(template, str) else CHATML
     config_class = getattr(transformers, f"{arch}Config")

@@ -20,7 +20,7 @@ from labkit.data.checks import raise_on_failed, run_checks
 from labkit.data.end_token import end_token_check
 from labkit.data.lengths import LengthStats, length_stats
 from labkit.data.prepare import DataManifest
-from labkit.data.prompting import Encoded, encode_example
+from labkit.data.prompting import Encoded, encode_example, render
 from labkit.evaluate.generation import stop_ids
 from labkit.model.loading import chatml_ids
 from labkit.show.tokens import render_page
@@ -163,8 +163,8 @@ def model_checks(resolved: Any, tokenizer: Any, card: Card) -> list[dict[str, An
         tail = tokenizer.decode(probe.input_ids[-1:])
         closing = ("the plain format closes the answer with the EOS token", probe.input_ids[-1] == tokenizer.eos_token_id)
     else:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "x"}, {"role": "assistant", "content": "ANSWER"}], tokenize=False)
+        rendered = render(tokenizer, card.data.prompt, [{"role": "user", "content": "x"},
+                                                        {"role": "assistant", "content": "ANSWER"}], tokenize=False)
         tail = rendered.split("ANSWER", 1)[-1]
         closing = ("the chat template closes the answer with a token generation stops on", any(t in tail for t in ends))
     rows = [

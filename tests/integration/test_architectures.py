@@ -1,9 +1,9 @@
-"""Tiny random Llama 3, Mistral, Qwen2, Phi and Gemma 2 models, built offline, through all five stages with `labkit run`.
+"""Tiny random Llama 3, Mistral, Qwen2, Phi, Gemma 2 and Qwen3 models, built offline, through all five stages with `labkit run`.
 
 Each card is params/smoke.yaml on another architecture and prompt format, cut to a few steps: Phi (no chat template)
 with `format: plain`, Mistral (no chat template, no ChatML tokens) with `chat_template: chatml`, Llama 3 and Qwen2 with
-their own template (Gemma 2's system text in the user message: its template has no system role; slow-marked:
-`make test-slow`).
+their own template (Gemma 2's system text in the user message: its template has no system role; Qwen3 with
+`enable_thinking: false`; slow-marked: `make test-slow`).
 """
 
 from __future__ import annotations
@@ -21,9 +21,12 @@ CASES = {
     "mistral": {"chat_template": "chatml"},
     "phi": {"format": "plain"},
     "gemma2": {"chat_template": "model", "system_in": "user"},  # its template refuses a system message
+    "qwen3": {"chat_template": "model", "chat_template_kwargs": {"enable_thinking": False}},  # no think block to learn
 }
-MODEL_TYPE = {"llama3": "llama", "qwen2": "qwen2", "mistral": "mistral", "phi": "phi", "gemma2": "gemma2"}
-UNMODELLED = {"gemma2"}  # the memory estimate says it does not model the architecture; stage 03 shows the measurement
+MODEL_TYPE = {"llama3": "llama", "qwen2": "qwen2", "mistral": "mistral", "phi": "phi", "gemma2": "gemma2",
+              "qwen3": "qwen3"}
+# the memory estimate says it does not model the architecture; stage 03 shows the measurement
+UNMODELLED = {"gemma2", "qwen3"}
 
 
 def _card(name: str, folder: Path) -> Path:
@@ -40,9 +43,9 @@ def _card(name: str, folder: Path) -> Path:
     return path
 
 
-# Phi (plain) and Mistral (chatml) run in every suite; Llama 3, Qwen2 and Gemma 2 (their own template) are slow-marked
-# here, and tests/integration/test_architecture_steps.py carries them through the same steps in one process
-PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in {"llama3", "qwen2", "gemma2"} else [])
+# Phi (plain) and Mistral (chatml) run in every suite; Llama 3, Qwen2, Gemma 2 and Qwen3 (their own template) are
+# slow-marked here, and tests/integration/test_architecture_steps.py carries them through the same steps in one process
+PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in {"llama3", "qwen2", "gemma2", "qwen3"} else [])
           for name in sorted(CASES)]
 
 

@@ -144,6 +144,36 @@ def test_a_template_refusing_the_system_message_names_system_in(tiny_model) -> N
         check_template(_AssistantFirst(tok), card.data.prompt, "tiny:gemma2")
 
 
+def test_qwen3_think_block_before_the_answer_is_caught_and_moved_into_the_prompt() -> None:
+    """Qwen3's template opens the last assistant turn with an empty think block: trained as is, the model learns to
+    write it before every answer. Stage 02 fails naming it; `chat_template_kwargs: {enable_thinking: false}` renders
+    the block at the end of the prompt, in training, evaluation and the export's snippet alike."""
+    qwen3 = resolve("tiny:qwen3")
+    card = card_with("tiny:qwen3")
+    tok = load_tokenizer(qwen3, card)
+    enc = encode_example(tok, card, "hello", ANSWER)
+    assert enc.prefix_ok and enc.before_answer == "<think>\n\n</think>\n\n"
+    (check,) = [c for c in check_encoded(tok, [{"id": "r0"}], [enc]) if c["check"] == "the answer follows the prompt directly"]
+    assert not check["ok"] and check["failed_ids"] == ["r0"] and check["explanation"].startswith(
+        "the chat template writes '<think>\\n\\n</think>\\n\\n' between the prompt and the answer") and \
+        check["explanation"].endswith("set data.prompt.chat_template_kwargs: {enable_thinking: false}, which moves it "
+                                      "into the prompt")
+    off = card_with("tiny:qwen3", chat_template_kwargs={"enable_thinking": False})
+    tok = load_tokenizer(qwen3, off)
+    assert prompt_text(tok, off.data.prompt, "hello").endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    enc = encode_example(tok, off, "hello", ANSWER)
+    assert enc.before_answer == "" and tok.decode(enc.input_ids[enc.prompt_len:]) == ANSWER + "<|im_end|>"
+    assert all(failed(tok, [enc, encode_example(tok, off, "a longer input", ANSWER)]).values())
+
+
+def test_chat_template_kwargs_refusals() -> None:
+    with pytest.raises(ValueError, match="chat_template_kwargs is only for format: chat"):
+        card_with(format="plain", chat_template_kwargs={"enable_thinking": False})
+    for bad in ("tokenize", "not a name"):
+        with pytest.raises(ValueError, match=f"chat_template_kwargs: '{bad}' is not a template variable"):
+            card_with(chat_template_kwargs={bad: True})
+
+
 class _AssistantFirst:
     """A tokenizer whose conversations open with an assistant turn (what Gemma's template refuses)."""
 

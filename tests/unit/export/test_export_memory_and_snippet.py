@@ -12,6 +12,7 @@ from labkit.data.prompting import prompt_ids
 from labkit.errors import ExportRefused
 from labkit.export.merge import ensure_fits
 from labkit.export.snippet import prompt_lines
+from labkit.model.sources import resolve
 from labkit.preflight.export_memory import GIB, export_dtype, export_estimate, refusal
 from labkit.preflight.sizing import estimate_config, gpu_profile
 
@@ -61,7 +62,7 @@ def _run_lines(lines: list[str], tokenizer, text: str) -> list[int]:
     return scope["ids"]
 
 
-@pytest.mark.parametrize("fmt", ["chat", "chat, system in the user message", "plain"])
+@pytest.mark.parametrize("fmt", ["chat", "chat, system in the user message", "chat, template variables", "plain"])
 def test_snippet_renders_the_training_prompt_token_for_token(fmt: str, tiny_model) -> None:
     from labkit.model.loading import load_tokenizer
 
@@ -70,11 +71,15 @@ def test_snippet_renders_the_training_prompt_token_for_token(fmt: str, tiny_mode
         card = updated(card, {"data.prompt.format": "plain"})
     if fmt.endswith("user message"):
         card = updated(card, {"data.prompt.system_in": "user"})
+    if fmt.endswith("variables"):  # Qwen3's thinking switch: the snippet renders the prompt with it, as training did
+        card = updated(card, {"model.source": "tiny:qwen3", "data.prompt.chat_template_kwargs": {"enable_thinking": False}})
+        tiny_model = resolve("tiny:qwen3")
     tokenizer = load_tokenizer(tiny_model, card)
     text = "The printer {input} on floor 3 is jammed.\nPlease help."
     lines = prompt_lines(card)
     assert any("apply_chat_template" in line for line in lines) == fmt.startswith("chat")
     assert _run_lines(lines, tokenizer, text) == prompt_ids(tokenizer, card, text)
+    assert ("enable_thinking=False" in lines[-1]) == fmt.endswith("variables")
 
 
 def test_plain_snippet_keeps_a_single_bos(tiny_model) -> None:
