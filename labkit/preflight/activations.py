@@ -6,7 +6,8 @@ head and position, plus the padding mask. Eager attention keeps the softmax's fl
 it multiplies with the values: two (heads × sequence length) tensors per token, which at a few thousand tokens
 outweigh the rest of the layer. labkit's eager attention with float32 scores (`labkit.model.attention`, Phi in
 float16) also keeps float32 copies of the queries and keys. Counted with autograd's saved-tensor hooks on
-transformers 5's attention functions.
+transformers 5's attention functions, and checked per decoder layer in tests/unit/preflight/test_saved_activations.py
+(float32, and bf16 under the CPU's autocast as a stand-in for a GPU's).
 """
 
 from __future__ import annotations
@@ -33,21 +34,21 @@ def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_
     Returns:
         {tensor: values per token per layer}.
     """
-    h, a, kv = shape.hidden, shape.heads, shape.kv
+    q, a, kv = shape.q, shape.heads, shape.kv  # queries and the attention output are heads × head_dim wide
     if attention not in EAGER:
-        units = {"query after rotary": h, "attention output": h, "attention log-sum-exp": a,
-                 "keys, values": 2 * h if padded else 2 * kv}
+        units = {"query after rotary": q, "attention output": q, "attention log-sum-exp": a,
+                 "keys, values": 2 * q if padded else 2 * kv}
         if padded:
             units["padding mask"] = seq_len
         return units
     fp32 = 4 / act_bytes
-    units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": h}
+    units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": q}
     if not float32:  # cast to the values' dtype for the product with the values: a second copy
         units["attention probabilities"] = a * seq_len
     if attention == FP32_SCORES:
-        units["queries, keys (float32 copies)"] = 2 * h * fp32
+        units["queries, keys (float32 copies)"] = 2 * q * fp32
     else:
-        units["queries, keys"] = 2 * h
+        units["queries, keys"] = 2 * q
     return units
 
 
@@ -68,7 +69,7 @@ def eager_transient_bytes(shape: Any, attention: str, rows: int, seq_len: int) -
 
 def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True,
                      block: str = "llama", attention: str = "sdpa", act_bytes: int = 2,
-                     float32: bool = False) -> dict[str, float]:
+                     float32: bool = False, autocast: bool = False, cuda: bool = False) -> dict[str, float]:
     """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
 
     Args:
@@ -77,42 +78,62 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         params: from `parameter_bytes` (which linears carry adapters or train fully).
         seq_len: sequence length (the padding mask costs one value per key position).
         padded: whether batches carry padding (dynamic padding almost always does).
-        block: "llama" (Llama, Mistral, Qwen2) or "phi" (`architecture`).
+        block: "llama" (Llama, Mistral, Qwen2), "qwen3" (Llama's with a norm on each head's query and key) or "phi"
+            (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
+        autocast: 16-bit activations under autocast (a GPU's bf16 / fp16 training): each RMSNorm keeps a float32 copy
+            of its input, and each LoRA adapter (float32, as PEFT keeps it) a 16-bit copy of its own input.
+        cuda: the step runs on CUDA, whose fused dropout keeps a 1-byte mask (the CPU's keeps the scaled noise in the
+            input's dtype).
     Returns:
         {tensor: values per token per layer}.
     """
     h, i = shape.hidden, shape.intermediate
     adapted = set(params["adapted"])
+    method = card.method
+    lora = method.kind in {"lora", "qlora"}
+    # with dropout, or a float32 adapter under autocast, each adapter keeps its own input (dropped, or cast back to 16
+    # bits) and the normed input the adapters share is kept by nothing (the frozen base weights need no input)
+    shared = not (lora and (method.dropout > 0 or (autocast and method.kind == "lora")))
+    norm = 4 / act_bytes if autocast else 1  # a norm computes (and keeps its input) in float32 under autocast
     if block == "phi":
         # one LayerNorm (input, mean, rstd) feeds attention and the MLP in parallel; the tanh-GELU keeps fc1's output,
         # the tanh, ½x and 1 + tanh (counted with autograd's saved-tensor hooks on transformers 5's PhiDecoderLayer)
-        units: dict[str, float] = {"layer input (LayerNorm)": h, "norm statistics": 2,
+        units: dict[str, float] = {"layer input (LayerNorm)": h * norm, "norm statistics": 2 * norm,
                                    "fc1 output, GELU": 4 * i}
-        if adapted & {"q_proj", "k_proj", "v_proj", "fc1"}:
+        if adapted & {"q_proj", "k_proj", "v_proj", "fc1"} and shared:
             units["normed input (q/k/v, fc1)"] = h
-        if "dense" in adapted:
+        if "dense" in adapted and shared:
             units["attention output, reshaped (dense)"] = h
-        if "fc2" in adapted:
+        if "fc2" in adapted and shared:
             units["GELU output (fc2)"] = i
     else:
-        units = {"layer input (norm)": h, "post-attention residual (norm)": h, "norm scales": 2,
+        units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm,
                  "gate, SiLU, up": 3 * i}
-        if adapted & {"q_proj", "k_proj", "v_proj"}:
+        if adapted & {"q_proj", "k_proj", "v_proj"} and shared:
             units["normed input (q/k/v)"] = h
-        if adapted & {"gate_proj", "up_proj"}:
+        if adapted & {"gate_proj", "up_proj"} and shared:
             units["normed input (gate/up)"] = h
-        if "down_proj" in adapted:
+        if "down_proj" in adapted and shared:
             units["gated product (down)"] = i
+        if attention in EAGER and "o_proj" in adapted and shared:  # eager's output made contiguous for o_proj
+            units["attention output"] = shape.q  # (sdpa keeps its own output: `attention_units`)
+        if block == "qwen3":  # RMSNorm of each head's query and key before the rotary: their inputs and scales
+            units["query, key before their norms"] = (shape.q + shape.kv) * norm
+            units["query, key norm scales"] = (shape.heads + shape.kv_heads) * norm
     units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32))
     if params["norms_trainable"]:
         units["normalised, before the norm weight"] = 2 * h
-    method = card.method
-    if method.kind in {"lora", "qlora"}:
+    if lora:
         units["LoRA A outputs"] = method.r * len(adapted)
+        width = {"down_proj": i, "fc2": i, "o_proj": shape.q}  # each adapted linear's input
+        inputs = sum(width.get(m, h) for m in adapted)
+        if not shared:
+            units["LoRA inputs (each adapter's own)"] = inputs
         if method.dropout > 0:
-            # each adapter has its own dropout: the dropped input and its mask (1 byte per value)
-            units["LoRA dropout"] = sum(i if m in {"down_proj", "fc2"} else h for m in adapted) * 1.25
+            # its mask: CUDA's fused dropout keeps 1 byte a value, the CPU's the scaled noise in the float32 adapter's
+            # dtype
+            units["LoRA dropout masks"] = inputs * (1 if cuda else 4) / act_bytes
     return units

@@ -4,7 +4,8 @@ The model is built on PyTorch's `meta` device from its config (no weights, no me
 card's method is applied to it, so parameter counts, trainable sets and dtypes are exact for any
 architecture. The activation term counts, per decoder layer and per token, the tensors autograd keeps
 for the backward pass of the block's architecture (`ARCHITECTURES`): a Llama-style block (Llama, Llama 3,
-Mistral, Qwen2: RMSNorm, rotary attention through SDPA, gated MLP) or Phi's (one LayerNorm, attention and
+Mistral, Qwen2: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm on each head's query and key),
+or Phi's (one LayerNorm, attention and
 a GELU MLP in parallel, partial rotary). Any other architecture is not modelled: the estimate says so
 (`modelled: false`, `note`) and stage 03 shows the measurement alone; the loss
 term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
@@ -62,6 +63,12 @@ class Shape:
     def kv(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def q(self) -> int:
+        """The width of the queries and of the attention output (hidden size, unless head_dim says otherwise: Qwen3,
+        Mistral NeMo)."""
+        return self.heads * self.head_dim
+
 
 def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
     """The dtype name the card's weights load in on `device` (a device string of this machine, or a profile)."""
@@ -71,7 +78,7 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
 
 
 # model_type → the block whose activations `activation_units` counts
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "phi": "phi"}
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi"}
 
 
 def architecture(config: Any) -> dict[str, Any]:
@@ -178,14 +185,16 @@ def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
     return params["trainable_bytes"] * 2 if per == 8.0 else params["trainable"] * per
 
 
-def attention_for(card: Card, device: str | DeviceProfile, model_type: str) -> tuple[str, bool]:
+def attention_for(card: Card, device: str | DeviceProfile, model_type: str) -> tuple[str, bool, bool]:
     """The attn_implementation the model trains with on `device` (`labkit.model.placement.decide` and
-    `for_architecture`: Phi in float16 gets eager attention with float32 scores), and whether it computes in float32
-    (float32 weights, fp32 precision, no 16-bit compute dtype)."""
+    `for_architecture`: Phi in float16 gets eager attention with float32 scores), whether it computes in float32
+    (float32 weights, fp32 precision, no 16-bit compute dtype), and whether the step runs under autocast with 16-bit
+    weights (bf16 / fp16 training of a 16-bit base: `activation_units`' `autocast`)."""
     made = decide(card, device, world_size=1, kernels={}) if isinstance(device, DeviceProfile) else decisions(card, device)
     made = for_architecture(made, card, model_type)
     return made.attention, (made.weight_dtype == "float32" and made.precision == "fp32"
-                            and made.compute_dtype in (None, "float32"))
+                            and made.compute_dtype in (None, "float32")), (
+        made.precision in ("bf16", "fp16") and made.weight_dtype in ("bfloat16", "float16"))
 
 
 def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None = None, device: str = "cpu",
@@ -222,9 +231,9 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     rows = b * (1 if card.train.trainer == "sft" else 2)  # dpo/orpo: chosen and rejected rows in one forward
     tokens = rows * seq_len
     arch = architecture(config)
-    attention, float32 = attention_for(card, device, arch["model_type"])
+    attention, float32, autocast = attention_for(card, device, arch["model_type"])
     per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama", attention, act_bytes,
-                                 float32)
+                                 float32, autocast=autocast and act_bytes == 2, cuda=kind == "cuda")
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
     transient = eager_transient_bytes(shape, attention, rows, seq_len)
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed

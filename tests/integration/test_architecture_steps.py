@@ -35,7 +35,7 @@ CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi
          "gemma2": {"system_in": "user"}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "qwen3": 7}
-UNMODELLED = {"gemma2", "qwen3"}  # the memory estimate does not model them, and says so
+UNMODELLED = {"gemma2"}  # the memory estimate does not model them, and says so
 
 
 def card_for(name: str) -> Card:
@@ -86,9 +86,10 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
 
 
 def test_real_size_configs_on_meta() -> None:
-    """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B and Phi-2 (parallel block, partial rotary,
-    dense biases) are all modelled; the LM head's 128k vocabulary shows in the loss-head term."""
-    from transformers import LlamaConfig, MistralConfig, PhiConfig, Qwen2Config
+    """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B, Phi-2 (parallel block, partial rotary,
+    dense biases) and Qwen3-0.6B (queries wider than the hidden size) are all modelled; the LM head's 128k vocabulary
+    shows in the loss-head term."""
+    from transformers import LlamaConfig, MistralConfig, PhiConfig, Qwen2Config, Qwen3Config
 
     card = card_for("llama3")
     llama3 = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -108,6 +109,12 @@ def test_real_size_configs_on_meta() -> None:
     assert set(phi_est["adapted"]) == {"q_proj", "k_proj", "v_proj", "dense", "fc1", "fc2"}
     for config in (MistralConfig(num_hidden_layers=2), Qwen2Config(num_hidden_layers=2)):
         assert estimate_step(config, card, 128)["modelled"]
+    # Qwen3-0.6B: 16 heads of 128 (queries 2048 wide on a hidden size of 1024), 8 KV heads, a norm on each
+    qwen3 = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True)
+    units = estimate_step(qwen3, card, 512, micro_batch=2, padded=False)["activation_units_per_token_layer"]
+    assert units["query after rotary"] == units["attention output"] == 2048 and units["keys, values"] == 2 * 1024
+    assert units["query, key before their norms"] == 2048 + 1024 and units["query, key norm scales"] == 16 + 8
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

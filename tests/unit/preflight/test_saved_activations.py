@@ -1,0 +1,91 @@
+"""The activation terms of the memory estimate against what autograd really keeps: the tensors one decoder layer saves
+for the backward (torch's saved-tensor hooks, each storage counted once, parameters left out), per token, for a tiny
+Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape) and a Qwen3 (a norm on each head's
+query and key), with LoRA on every linear layer, in float32, with and without padding, with sdpa and eager
+attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from conftest import REPO
+
+from labkit.card.load import load_card
+from labkit.card.update import updated
+from labkit.model.method import apply_method
+from labkit.preflight.activations import activation_units
+from labkit.preflight.memory import architecture, meta_model, parameter_bytes, shape_of
+
+SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 600, "max_position_embeddings": 2048}
+CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
+           "llama, head_dim 32": lambda: transformers.LlamaConfig(**SIZES, head_dim=32),
+           "qwen3, head_dim 32": lambda: transformers.Qwen3Config(**SIZES, head_dim=32),
+           "qwen3, head_dim 16": lambda: transformers.Qwen3Config(**SIZES, head_dim=16),
+           "phi": lambda: transformers.PhiConfig(**{**SIZES, "intermediate_size": 256}, partial_rotary_factor=0.5)}
+ROWS, SEQ = 2, 64
+
+
+def saved_per_token(model, padded: bool) -> float:
+    """Bytes the second decoder layer saves for the backward, per token, in one forward pass."""
+    ids = torch.randint(5, 600, (ROWS, SEQ), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(ROWS, SEQ, dtype=torch.long)
+    if padded:
+        mask[0, -8:] = 0
+    layer = model.get_base_model().model.layers[1]
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+    inside = [False]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if inside[0] and t.untyped_storage().data_ptr() not in params:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
+    layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, attention_mask=mask)
+    return sum(seen.values()) / (ROWS * SEQ)
+
+
+@pytest.mark.parametrize(("attention", "dropout"), [("sdpa", 0.0), ("eager", 0.0), ("sdpa", 0.1)])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_the_estimated_layer_keeps_what_autograd_saves(name: str, padded: bool, attention: str, dropout: float) -> None:
+    # LoRA r 4 on all linear layers, float32 (with dropout: the CPU keeps each adapter's dropped input and its noise)
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"method.dropout": dropout})
+    config = CONFIGS[name]()
+    torch.manual_seed(0)
+    model = apply_method(transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
+                                                                       dtype=torch.float32), card)
+    model.train()
+    measured = saved_per_token(model, padded)
+    units = activation_units(shape_of(config), card, parameter_bytes(meta_model(config, card), card, 4), SEQ, padded,
+                             architecture(config)["block"], attention, 4, True)
+    estimated = sum(units.values()) * 4
+    # what the units leave out: the rotary cos / sin (2 × head_dim values per position, shared by the rows)
+    assert 0 <= measured - estimated <= 0.03 * measured, (name, padded, attention, dropout, measured, estimated)
+
+
+@pytest.mark.parametrize("name", sorted(set(CONFIGS) - {"phi"}))
+def test_under_bf16_autocast_each_adapter_keeps_its_own_copy(name: str) -> None:
+    """A GPU's bf16 training: bfloat16 weights, PEFT's float32 adapters, the step under autocast (as accelerate runs
+    it; the CPU's autocast casts the linear products the same way). Each RMSNorm keeps a float32 copy of its input and
+    each adapter a bfloat16 copy of its own input, not the shared normed input of float32 training. Left out: dropout
+    (the CPU's keeps float32 noise where CUDA's fused kernel keeps a 1-byte mask) and Phi (CUDA's autocast runs its
+    LayerNorm in float32, the CPU's in bfloat16: the CPU cannot stand in for it)."""
+    card = load_card(REPO / "params" / "smoke.yaml").card
+    config = CONFIGS[name]()
+    torch.manual_seed(0)
+    model = apply_method(transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                                       dtype=torch.bfloat16), card)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = saved_per_token(model, padded=False)
+    units = activation_units(shape_of(config), card, parameter_bytes(meta_model(config, card), card, 2), SEQ, False,
+                             architecture(config)["block"], "sdpa", 2, False, autocast=True)
+    estimated = sum(units.values()) * 2
+    # left out: the rotary cos / sin and autocast's bfloat16 copies of the adapters' weights (per layer, not per token)
+    assert 0 <= measured - estimated <= 0.06 * measured, (name, measured, estimated, units)
