@@ -113,3 +113,22 @@ def test_kbit_upcast_key_and_its_memory(eight_b, tiny_model) -> None:
     dtypes = {n: p.dtype for n, p in apply_method(load_model(tiny_model, tiny, "cpu"), tiny).named_parameters()}
     assert dtypes["base_model.model.model.embed_tokens.weight"] == torch.bfloat16
     assert dtypes["base_model.model.model.norm.weight"] == torch.float32
+
+
+def test_the_qwen3_example_is_modelled_with_its_head_dim_and_its_autocast_copies() -> None:
+    """params/examples/qwen3-8b-lora.yaml on an A100's profile: Qwen3's block (q/k norms, 32 × 128 queries), bf16
+    LoRA under autocast (each adapter's own input, the norms' float32 inputs), thinking off in the prompt."""
+    loaded = load_card(REPO / "params" / "examples" / "qwen3-8b-lora.yaml")
+    card, config = loaded.card, estimate_config(loaded.card, loaded.path)
+    assert card.data.prompt.chat_template_kwargs == {"enable_thinking": False}
+    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
+    est = estimate_step(config, card, 512, device=a100)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and est["architecture"] == "qwen3" and est["checkpointing"]
+    assert units["query, key before their norms"] == (4096 + 1024) * 2  # float32 copies, in bf16 units
+    assert units["layer input (norm)"] == 2 * 4096 and "normed input (q/k/v)" not in units
+    assert units["LoRA inputs (each adapter's own)"] == 6 * 4096 + 12288  # q k v o gate up, down
+    assert units["LoRA dropout masks"] == units["LoRA inputs (each adapter's own)"] / 2  # 1 byte a value on CUDA
+    cpu = estimate_step(config, card.model_copy(update={"train": card.train.model_copy(update={"precision": "fp32"})}),
+                        512, device=cpu_profile())
+    assert "LoRA inputs (each adapter's own)" in cpu["activation_units_per_token_layer"]  # dropout: their own inputs
