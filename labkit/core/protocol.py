@@ -30,7 +30,13 @@ PROTOCOL_KEYS = ("eval", "train.seed", "budget", "data")
 
 
 def card_protocol(card: dict[str, Any]) -> dict[str, Any]:
-    """The protocol-fixed keys of a resolved card (a dict as archived in card.yaml)."""
+    """The protocol-fixed keys of a resolved card (a dict as archived in card.yaml), read through this labkit's schema:
+    a key added since the card was archived takes its default on both sides, so a newer labkit does not see every
+    earlier run of an experiment as a protocol change (as `LoadedCard.hash` leaves defaults out)."""
+    try:
+        card = Card.model_validate(card).model_dump(mode="json")
+    except ValueError:  # a card this schema no longer reads (a key since removed): compared as archived
+        pass
     return {"eval": card.get("eval"), "train.seed": (card.get("train") or {}).get("seed"),
             "budget": card.get("budget"), "data": card.get("data")}
 

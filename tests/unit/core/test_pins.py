@@ -120,3 +120,24 @@ def test_the_hub_token_lands_in_no_file_of_the_run(tmp_path: Path, monkeypatch: 
     assert {p.name for p in files} >= {"pins.json", "env.json", "card.yaml", "status.json"}
     assert not [p for p in files if token.encode() in p.read_bytes()]
     assert token not in json.dumps([json.loads(line) for line in run.registry.read_text().splitlines()])
+
+
+def test_a_key_added_since_the_reference_was_archived_is_no_protocol_change(tmp_path: Path) -> None:
+    """A run archived by an older labkit lacks the keys added since (here data.prompt.system_in and
+    chat_template_kwargs): at their defaults they change nothing, so a variant run later keeps the protocol; set to
+    something else they do change it."""
+    root = tmp_path / "runs"
+    first = load_card(_card(tmp_path, revision=COMMIT_A))
+    run = R.new_run(first, root)
+    archived = yaml.safe_load(run.card_path.read_text())
+    for key in ("system_in", "chat_template_kwargs"):
+        archived["data"]["prompt"].pop(key, None)
+    run.card_path.write_text(yaml.safe_dump(archived))  # as the older labkit wrote it
+    _complete(run)
+    later = load_card(_card(tmp_path, variant="v2", revision=COMMIT_A, lr=1e-4))
+    assert check_protocol(later.resolved, root, str(later.path)) == {}
+    thinking = yaml.safe_load(_card(tmp_path, variant="v3", revision=COMMIT_A).read_text())
+    thinking["data"]["prompt"]["system_in"] = "user"
+    (tmp_path / "v3.yaml").write_text(yaml.safe_dump(thinking))
+    with pytest.raises(CardError, match=r"data.prompt.system_in: system → user"):
+        check_protocol(load_card(tmp_path / "v3.yaml").resolved, root, str(tmp_path / "v3.yaml"))
