@@ -20,7 +20,7 @@ from labkit.core.kernel import start_line
 from labkit.core.progress import ENV as PROGRESS_ENV, FILE as PROGRESS_FILE, stage_seconds
 from labkit.core.replicates import Replicate, replicates
 from labkit.errors import MissingInput, RunStateError, StageFailed, StageInterrupted, UsageError
-from labkit.experiment.tracking import apply_env, mirror_safely, restore_env
+from labkit.experiment.tracking import apply_env, mirror_safely, restore_env, scoped_env
 from labkit.model.card_check import check_card
 from labkit.stages import records
 
@@ -63,10 +63,10 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
     target = run.dir / "notebooks" / R.NOTEBOOKS[stage]
     target.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    apply_env(_kernel_env(run, stage))  # put back when the run ends (`restore_env`): a notebook calling labkit.run
-                                         # keeps its own progress bars and interactive stages
     try:
-        with Tail(run.dir, log):
+        # the stage's own variables end with it: a notebook calling labkit.run keeps its progress bars and
+        # interactive stages, and the next stage gets its own
+        with scoped_env(_kernel_env(run, stage)), Tail(run.dir, log):
             pm.execute_notebook(str(source), str(target), parameters={"card": str(run.card_path), "run_dir": str(run.dir)},
                                 kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
                                 # the kernel's own log lines (transport warnings) would drown the progress lines;

@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlsplit
 
 from labkit.card.tracking import Tracking
@@ -27,7 +29,7 @@ from labkit.experiment.tracking_mlflow import STATE, artifact_root, mirror_run, 
 from labkit.experiment.tracking_wandb import mirror_wandb, open_wandb, wandb_env
 
 __all__ = ["MLFLOW_ENV", "REACH_SECONDS", "STATE", "apply_env", "artifact_root", "card_uri", "flatten", "mirror_run",
-           "mirror_safely", "numbers", "open_mirror", "restore_env", "tracking_uri"]
+           "mirror_safely", "numbers", "open_mirror", "restore_env", "scoped_env", "tracking_uri"]
 
 # every variable `mirror_safely` may set for the stage kernels (older callers pop these after a card)
 MLFLOW_ENV = (*_MLFLOW_NAMES, "WANDB_RUN_ID", "WANDB_RESUME", "WANDB_NAME", "WANDB_RUN_GROUP", "WANDB_JOB_TYPE")
@@ -118,6 +120,25 @@ def apply_env(env: dict[str, str]) -> None:
     for name in env:
         _saved.setdefault(name, os.environ.get(name))
     os.environ.update(env)
+
+
+@contextmanager
+def scoped_env(env: dict[str, str]) -> Iterator[None]:
+    """Set variables for one block (a stage's kernel) and put back what each was, set or not, when it ends.
+
+    Args:
+        env: the variables to set.
+    """
+    before = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def restore_env() -> None:

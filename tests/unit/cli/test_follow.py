@@ -84,11 +84,15 @@ def test_run_and_follow_print_one_duration_for_a_stage(tmp_path: Path, monkeypat
     notebook.cells = [params, nbformat.v4.new_code_cell("import time\ntime.sleep(0.3)")]
     nbformat.write(notebook, nb_dir / R.NOTEBOOKS["baseline"])
     run = R.new_run(load_card(REPO / "params" / "smoke.yaml"), tmp_path / "runs")
-    for name in ("LABKIT_BATCH", "LABKIT_PROGRESS", "LABKIT_STAGE", "LABKIT_STEP_SECONDS", "TQDM_DISABLE",
-                 "PYTHONUNBUFFERED"):  # execute_stage sets them for its kernels: undone after the test
-        monkeypatch.setenv(name, os.environ.get(name, ""))
+    for name in ("LABKIT_BATCH", "LABKIT_PROGRESS", "LABKIT_STAGE", "LABKIT_STEP_SECONDS", "TQDM_DISABLE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTHONUNBUFFERED", "")  # set before: its value is kept
+    before = dict(os.environ)
     lines: list[str] = []
     seconds = execute_stage(run, "baseline", nb_dir, lines.append)
+    # the kernel's variables end with the stage: unset ones are unset again, set ones keep their value (also when a
+    # later labkit.run in this process sets and puts back its own)
+    assert dict(os.environ) == before
     assert seconds == progress.stage_seconds(run.dir, "baseline") and seconds >= 0.3
     R.record(run, "stage_done", stage="baseline", seconds=0.01)  # what the kernel counted: not what is printed
     R.record(run, "completed", status="completed")
