@@ -8,6 +8,10 @@ outweigh the rest of the layer. labkit's eager attention with float32 scores (`l
 float16) also keeps float32 copies of the queries and keys. Counted with autograd's saved-tensor hooks on
 transformers 5's attention functions, and checked per decoder layer in tests/unit/preflight/test_saved_activations.py
 (float32, and bf16 under the CPU's autocast as a stand-in for a GPU's).
+
+Gemma 2 and Gemma 3 norm each sublayer's output too (four RMSNorms a layer, each keeping its input); Gemma 2's eager
+attention also keeps the softcapped scores' tanh (one more heads × sequence length tensor); a sliding-window layer
+gives SDPA a mask, and with it the repeated keys and values, once the sequence reaches the window.
 """
 
 from __future__ import annotations
@@ -18,10 +22,32 @@ from labkit.card.schema import Card
 from labkit.model.attention import FP32_SCORES
 
 EAGER = ("eager", FP32_SCORES)
+SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
+QK_NORMS = {"qwen3", "gemma3"}  # blocks with a norm on each head's query and key
+
+
+def window_share(config: Any, seq_len: int) -> float:
+    """The share of decoder layers whose sliding window makes SDPA take a mask at `seq_len` tokens without padding
+    (transformers builds one once the sequence reaches the window).
+
+    Args:
+        config: the model's (text) config: `sliding_window` and `layer_types` (Gemma 2 and 3), or a window on every
+            layer (Mistral's `sliding_window` without layer types).
+        seq_len: tokens per row.
+    Returns:
+        0.0 to 1.0.
+    """
+    window = getattr(config, "sliding_window", None)
+    if not window or seq_len < window or getattr(config, "use_sliding_window", True) is False:
+        return 0.0
+    types = getattr(config, "layer_types", None)
+    if not types:
+        return 1.0
+    return sum(t == "sliding_attention" for t in types) / len(types)
 
 
 def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_bytes: int,
-                    float32: bool = False) -> dict[str, float]:
+                    float32: bool = False, masked: float = 0.0, softcapped: bool = False) -> dict[str, float]:
     """Values the attention of one layer keeps per token (in `act_bytes` units).
 
     Args:
@@ -31,18 +57,24 @@ def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_
         padded: whether batches carry padding (SDPA repeats the GQA heads and keeps the mask).
         act_bytes: bytes of one activation value.
         float32: the attention computes in float32 (then the probabilities are the softmax's output, not a copy).
+        masked: without padding, the share of layers SDPA still gets a mask in (sliding-window layers at a sequence
+            as long as the window: `window_share`).
+        softcapped: eager attention caps its scores with a tanh (Gemma 2), which keeps its output.
     Returns:
         {tensor: values per token per layer}.
     """
     q, a, kv = shape.q, shape.heads, shape.kv  # queries and the attention output are heads × head_dim wide
     if attention not in EAGER:
+        mask = 1.0 if padded else masked  # with a mask, SDPA gets the GQA heads repeated
         units = {"query after rotary": q, "attention output": q, "attention log-sum-exp": a,
-                 "keys, values": 2 * q if padded else 2 * kv}
-        if padded:
-            units["padding mask"] = seq_len
+                 "keys, values": 2 * kv + 2 * (q - kv) * mask}
+        if mask:
+            units["padding mask" if padded else "sliding-window mask"] = seq_len * mask
         return units
     fp32 = 4 / act_bytes
     units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": q}
+    if softcapped:
+        units["softcapped scores (tanh)"] = a * seq_len * (fp32 if attention == FP32_SCORES else 1)
     if not float32:  # cast to the values' dtype for the product with the values: a second copy
         units["attention probabilities"] = a * seq_len
     if attention == FP32_SCORES:
@@ -69,7 +101,8 @@ def eager_transient_bytes(shape: Any, attention: str, rows: int, seq_len: int) -
 
 def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True,
                      block: str = "llama", attention: str = "sdpa", act_bytes: int = 2,
-                     float32: bool = False, autocast: bool = False, cuda: bool = False) -> dict[str, float]:
+                     float32: bool = False, autocast: bool = False, cuda: bool = False,
+                     masked: float = 0.0) -> dict[str, float]:
     """Values autograd keeps per decoder layer and per token, by tensor (in activation-dtype units).
 
     Args:
@@ -78,8 +111,9 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         params: from `parameter_bytes` (which linears carry adapters or train fully).
         seq_len: sequence length (the padding mask costs one value per key position).
         padded: whether batches carry padding (dynamic padding almost always does).
-        block: "llama" (Llama, Mistral, Qwen2), "qwen3" (Llama's with a norm on each head's query and key) or "phi"
-            (`architecture`).
+        block: "llama" (Llama, Mistral, Qwen2, Gemma), "qwen3" (Llama's with a norm on each head's query and key),
+            "gemma2" (Llama's with a norm after attention and after the MLP, softcapped eager scores), "gemma3"
+            (Gemma 2's norms and Qwen3's query and key norms) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -87,6 +121,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             of its input, and each LoRA adapter (float32, as PEFT keeps it) a 16-bit copy of its own input.
         cuda: the step runs on CUDA, whose fused dropout keeps a 1-byte mask (the CPU's keeps the scaled noise in the
             input's dtype).
+        masked: the share of layers with a sliding-window mask at this length (`attention_units`).
     Returns:
         {tensor: values per token per layer}.
     """
@@ -120,10 +155,13 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units["gated product (down)"] = i
         if attention in EAGER and "o_proj" in adapted and shared:  # eager's output made contiguous for o_proj
             units["attention output"] = shape.q  # (sdpa keeps its own output: `attention_units`)
-        if block == "qwen3":  # RMSNorm of each head's query and key before the rotary: their inputs and scales
+        if block in SANDWICH:  # Gemma 2 and 3 also norm the attention's and the MLP's outputs before each residual
+            units["attention output (its norm)"] = units["MLP output (its norm)"] = h * norm
+            units["norm scales"] = 4 * norm
+        if block in QK_NORMS:  # RMSNorm of each head's query and key before the rotary: their inputs and scales
             units["query, key before their norms"] = (shape.q + shape.kv) * norm
             units["query, key norm scales"] = (shape.heads + shape.kv_heads) * norm
-    units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32))
+    units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32, masked, block == "gemma2"))
     if params["norms_trainable"]:
         units["normalised, before the norm weight"] = 2 * h
     if lora:

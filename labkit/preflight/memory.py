@@ -4,8 +4,9 @@ The model is built on PyTorch's `meta` device from its config (no weights, no me
 card's method is applied to it, so parameter counts, trainable sets and dtypes are exact for any
 architecture. The activation term counts, per decoder layer and per token, the tensors autograd keeps
 for the backward pass of the block's architecture (`ARCHITECTURES`): a Llama-style block (Llama, Llama 3,
-Mistral, Qwen2: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm on each head's query and key),
-or Phi's (one LayerNorm, attention and
+Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm on each head's query
+and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped eager attention,
+Gemma 3's query and key norms), or Phi's (one LayerNorm, attention and
 a GELU MLP in parallel, partial rotary). Any other architecture is not modelled: the estimate says so
 (`modelled: false`, `note`) and stage 03 shows the measurement alone; the loss
 term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
@@ -33,7 +34,7 @@ from labkit.core.device import DeviceProfile, device_kind
 from labkit.model.loading import decisions, pick_dtype
 from labkit.model.method import apply_method
 from labkit.model.placement import decide, for_architecture
-from labkit.preflight.activations import activation_units, eager_transient_bytes
+from labkit.preflight.activations import activation_units, eager_transient_bytes, window_share
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
 from labkit.preflight.records import UPCAST_PREFIX, MemoryEstimate
 
@@ -78,14 +79,15 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
 
 
 # model_type → the block whose activations `activation_units` counts
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi"}
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
+                 "gemma": "llama", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 
 
 def architecture(config: Any) -> dict[str, Any]:
     """Whether the estimate models the config's architecture.
 
     Returns:
-        {"model_type", "block": "llama" | "phi" | None, "modelled", "note"}.
+        {"model_type", "block": a value of ARCHITECTURES or None, "modelled", "note"}.
     """
     c = config.get_text_config() if hasattr(config, "get_text_config") else config
     model_type = getattr(c, "model_type", "") or ""
@@ -232,8 +234,11 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     tokens = rows * seq_len
     arch = architecture(config)
     attention, float32, autocast = attention_for(card, device, arch["model_type"])
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    softcap = bool(getattr(text, "final_logit_softcapping", None))  # TRL's fused head caps inside its tiles
     per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama", attention, act_bytes,
-                                 float32, autocast=autocast and act_bytes == 2, cuda=kind == "cuda")
+                                 float32, autocast=autocast and act_bytes == 2, cuda=kind == "cuda",
+                                 masked=window_share(text, seq_len))
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
     transient = eager_transient_bytes(shape, attention, rows, seq_len)
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
@@ -248,6 +253,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         copy = 0 if act_bytes == 4 else 4 * logits
         head_fwd = logits * act_bytes + copy + 4 * logits
         head_bwd = 3 * 4 * logits + (logits * act_bytes if copy else 0)  # log-softmax, its incoming and outgoing grads
+        if softcap:  # the model's forward caps the logits (Gemma 2): the tanh keeps its output for the backward
+            head_fwd, head_bwd = head_fwd + logits * act_bytes, head_bwd + logits * act_bytes
     else:  # TRL's chunked fused head: tile-sized buffers, never the logits
         tile = min(n, TOKEN_TILE) * min(shape.vocab, VOCAB_TILE) * act_bytes
         fwd_tiles, bwd_tiles = TILES["triton" if kind == "cuda" else "torch"]
@@ -267,6 +274,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         # in the backward the logits' gradient and one temporary of the same size
         logits = tokens * shape.vocab * act_bytes
         head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
+        if softcap:
+            head_fwd, head_bwd = head_fwd + logits, head_bwd + logits
     phases = {"end_of_forward": activations + max(head_fwd, transient),
               "start_of_backward": activations + head_bwd + transient,
               "optimizer_update": grads}

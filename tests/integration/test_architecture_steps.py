@@ -35,7 +35,6 @@ CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi
          "gemma2": {"system_in": "user"}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "qwen3": 7}
-UNMODELLED = {"gemma2"}  # the memory estimate does not model them, and says so
 
 
 def card_for(name: str) -> Card:
@@ -73,12 +72,9 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
     assert est["architecture"] == model.get_base_model().config.model_type
-    if name in UNMODELLED:
-        assert not est["modelled"] and est["note"].startswith(f"the memory estimate does not model the {name} ")
-        eager = name == "gemma2"  # no sdpa kernel for Gemma 2
-        assert (model.get_base_model().config._attn_implementation == "eager") == eager
-    else:
-        assert est["modelled"] and est["note"] is None
+    assert est["modelled"] and est["note"] is None
+    eager = name == "gemma2"  # no sdpa kernel for Gemma 2: the model and its estimate both use eager attention
+    assert (model.get_base_model().config._attn_implementation == "eager") == eager == (est["attention"] == "eager")
     assert est["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
     model.eval()
     answers = generate_answers(model, tok, card, rows[:2])
@@ -87,9 +83,9 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
 
 def test_real_size_configs_on_meta() -> None:
     """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B, Phi-2 (parallel block, partial rotary,
-    dense biases) and Qwen3-0.6B (queries wider than the hidden size) are all modelled; the LM head's 128k vocabulary
-    shows in the loss-head term."""
-    from transformers import LlamaConfig, MistralConfig, PhiConfig, Qwen2Config, Qwen3Config
+    dense biases), Qwen3-0.6B (queries wider than the hidden size) and Gemma 3 1B (sliding-window layers) are all
+    modelled; the LM head's 128k vocabulary shows in the loss-head term."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, PhiConfig, Qwen2Config, Qwen3Config
 
     card = card_for("llama3")
     llama3 = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -115,6 +111,16 @@ def test_real_size_configs_on_meta() -> None:
     units = estimate_step(qwen3, card, 512, micro_batch=2, padded=False)["activation_units_per_token_layer"]
     assert units["query after rotary"] == units["attention output"] == 2048 and units["keys, values"] == 2 * 1024
     assert units["query, key before their norms"] == 2048 + 1024 and units["query, key norm scales"] == 16 + 8
+    # Gemma 3 1B: 4 heads of 256, one KV head, 5 of every 6 layers with a 512-token window: at 512 tokens those
+    # layers give SDPA a mask (and the KV head repeated), at 511 none does
+    gemma3 = Gemma3TextConfig(hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+                              num_key_value_heads=1, head_dim=256, vocab_size=262144, sliding_window=512)
+    at = {n: estimate_step(gemma3, card, n, micro_batch=2, padded=False)["activation_units_per_token_layer"]
+          for n in (511, 512)}
+    assert "sliding-window mask" not in at[511] and at[511]["keys, values"] == 2 * 256
+    assert at[512]["sliding-window mask"] == pytest.approx(512 * 22 / 26)
+    assert at[512]["keys, values"] == pytest.approx(2 * 256 + 2 * 768 * 22 / 26)
+    assert at[512]["attention output (its norm)"] == 1152 and at[512]["query, key before their norms"] == 1024 + 256
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

@@ -132,3 +132,29 @@ def test_the_qwen3_example_is_modelled_with_its_head_dim_and_its_autocast_copies
     cpu = estimate_step(config, card.model_copy(update={"train": card.train.model_copy(update={"precision": "fp32"})}),
                         512, device=cpu_profile())
     assert "LoRA inputs (each adapter's own)" in cpu["activation_units_per_token_layer"]  # dropout: their own inputs
+
+
+def test_the_gemma2_example_is_modelled_with_its_sandwich_norms_and_softcapped_eager_scores() -> None:
+    """params/examples/gemma2-9b-qlora.yaml on an A100's profile: no sdpa kernel, so eager attention keeps its float32
+    softmax, the probabilities and the tanh of the softcapped scores (16 heads × the sequence each); four norms a
+    layer; the CPU's loss head keeps the capped logits' tanh."""
+    loaded = load_card(REPO / "params" / "examples" / "gemma2-9b-qlora.yaml")
+    card, config = loaded.card, estimate_config(loaded.card, loaded.path)
+    assert card.data.prompt.system_in == "user"
+    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
+    est = estimate_step(config, card, 512, device=a100)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and est["architecture"] == "gemma2" and est["attention"] == "eager"
+    assert units["softcapped scores (tanh)"] == units["attention probabilities"] == 16 * 512
+    assert units["attention output (its norm)"] == units["MLP output (its norm)"] == units["layer input (norm)"]
+    assert "sliding-window mask" not in units and "padding mask" not in units  # eager: the scores carry the mask
+    # QLoRA's float32 embedding (256k × 3584) is what the frozen weights are made of
+    assert est["breakdown"]["weights_frozen"] > 256000 * 3584 * 4
+    # the CPU's loss head: the softcapped logits' tanh adds one logits-sized tensor to each phase
+    cpu = cpu_profile()
+    capped = estimate_step(config, card, 64, micro_batch=1, device=cpu, loss_fraction=0.5)
+    config.final_logit_softcapping = None
+    plain = estimate_step(config, card, 64, micro_batch=1, device=cpu, loss_fraction=0.5)
+    logits = 32 * 256000 * 4  # ⌈63 × 0.5⌉ scored positions, float32 (QLoRA's activation unit)
+    assert capped["phases"]["start_of_backward"] - plain["phases"]["start_of_backward"] == logits
+    assert capped["phases"]["end_of_forward"] - plain["phases"]["end_of_forward"] == logits
