@@ -7,8 +7,12 @@ measured peak of two real steps of the stage-04 trainer (each configuration in a
 its baseline is clean) and the estimate's relative error. On the CPU the measurement is the peak
 resident memory above the pre-step baseline; on CUDA `torch.cuda.max_memory_allocated`.
 
+With `--random ARCH` the model is a random one of that architecture instead (hidden size 512, 4 layers, MLP 2048,
+8 heads of 64, 4 KV heads, a 32,000-token vocabulary; the tokenizer of `tiny:gemma2`): llama, gemma, gemma2 (eager
+attention, softcapped scores and logits) or gemma3 (a 128-token sliding window on 5 of every 6 layers).
+
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
-[--attention eager]
+[--attention eager] [--random gemma2]
 """
 
 from __future__ import annotations
@@ -25,8 +29,24 @@ REPO = Path(__file__).resolve().parent.parent
 CARD = REPO / "params" / "quickstart.yaml"
 
 
-def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto") -> dict:
-    """Estimate and measure one configuration in this process."""
+RANDOM = {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 8,
+          "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 4096}
+RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
+                  "gemma2": ("Gemma2Config", {"sliding_window": 128}),
+                  "gemma3": ("Gemma3TextConfig", {"sliding_window": 128})}
+
+
+def random_config(arch: str, tokenizer):
+    """The config of `--random ARCH`, with the tokenizer's special ids."""
+    import transformers
+
+    name, extra = RANDOM_CLASSES[arch]
+    return getattr(transformers, name)(**RANDOM, **extra, bos_token_id=tokenizer.bos_token_id,
+                                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
+def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto", arch: str | None = None) -> dict:
+    """Estimate and measure one configuration in this process (`arch`: a random model of that architecture)."""
     from labkit.card.load import load_card
     from labkit.card.schema import Full, Lora, Qlora
     from labkit.card.update import updated
@@ -40,6 +60,9 @@ def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto") ->
     from labkit.preflight.memory_check import loaded_bytes
 
     card = load_card(CARD).card
+    if arch:  # the tiny Gemma 2's tokenizer and template (no system role) for every random model
+        card = updated(card, {"model.source": "tiny:gemma2", "model.revision": None, "data.prompt.system_in": "user",
+                              "data.prompt.chat_template": "model"})
     card = updated(card, {"train.micro_batch": micro_batch, "model.attn_implementation": attention, "data.max_length": max(card.data.max_length, seq_len),
                           "method": {"full": Full(kind="full"), "lora": Lora(kind="lora", r=16, alpha=32, dropout=0.0),
                                      "qlora": Qlora(kind="qlora", r=16, alpha=32, dropout=0.0)}[method]})
@@ -49,9 +72,18 @@ def one(method: str, seq_len: int, micro_batch: int, attention: str = "auto") ->
 
     tokenizer = load_tokenizer(resolved, card)
     rows = D.map_fields(card.data, D.load_source(card.data)[0])[:200]
-    estimate = estimate_step(AutoConfig.from_pretrained(resolved.location), card, seq_len, device=device,
-                             loss_fraction=loss_fraction(tokenizer, card, rows))
-    model = apply_method(load_model(resolved, card, device), card)
+    config = random_config(arch, tokenizer) if arch else AutoConfig.from_pretrained(resolved.location)
+    estimate = estimate_step(config, card, seq_len, device=device, loss_fraction=loss_fraction(tokenizer, card, rows))
+    if arch:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=estimate["attention"],
+                                                 dtype=getattr(torch, estimate["dtype"])).to(device)
+        model = apply_method(model, card)
+    else:
+        model = apply_method(load_model(resolved, card, device), card)
     weights = loaded_bytes(model)
     result = measure_step(card, model, tokenizer, rows, seq_len, Path(tempfile.mkdtemp()), device=device)
     step = result["memory"]["delta_bytes"]
@@ -70,16 +102,20 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["full", "lora", "qlora"])
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--attention", default="auto", help="model.attn_implementation (eager keeps the scores)")
+    parser.add_argument("--random", choices=sorted(RANDOM_CLASSES),
+                        help="a random model of this architecture instead of the quickstart's (full and lora)")
     parser.add_argument("--one", nargs=2, metavar=("METHOD", "SEQ_LEN"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.random and "qlora" in args.methods and not args.one:
+        parser.error("--random builds its model from a config: no 4-bit weights to load; give --methods full lora")
     if args.one:
-        print(json.dumps(one(args.one[0], int(args.one[1]), args.micro_batch, args.attention)))
+        print(json.dumps(one(args.one[0], int(args.one[1]), args.micro_batch, args.attention, args.random)))
         return
     results = []
     for method in args.methods:
         for seq_len in args.lengths:
             out = subprocess.run([sys.executable, __file__, "--one", method, str(seq_len), "--micro-batch", str(args.micro_batch),
-                                  "--attention", args.attention],
+                                  "--attention", args.attention, *(["--random", args.random] if args.random else [])],
                                  capture_output=True, text=True, env={**os.environ, "LABKIT_BATCH": "1"})
             if out.returncode:
                 raise SystemExit(f"{method} @ {seq_len}: {out.stderr.strip().splitlines()[-1]}")
@@ -88,7 +124,8 @@ def main() -> None:
                   f"measured {results[-1]['measured_step_bytes'] / 2**20:8.1f} MiB "
                   f"({results[-1]['step_relative_error']:+.1%})", file=sys.stderr)
     worst = max(abs(r["step_relative_error"]) for r in results)
-    print(json.dumps({"benchmark": "memory_estimate_vs_measured", "model": "SmolLM2-135M-Instruct (quickstart)",
+    model = f"random {args.random} (hidden 512, 4 layers)" if args.random else "SmolLM2-135M-Instruct (quickstart)"
+    print(json.dumps({"benchmark": "memory_estimate_vs_measured", "model": model,
                       "results": results, "max_abs_step_relative_error": worst,
                       "max_abs_peak_relative_error": max(abs(r["peak_relative_error"]) for r in results),
                       "target": 0.15 if results and results[0]["device"] == "cpu" else 0.10}, indent=1))
