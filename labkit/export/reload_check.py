@@ -40,6 +40,7 @@ import torch
 from peft import PeftModel
 from safetensors import safe_open
 from transformers import AutoTokenizer, GenerationConfig
+from transformers.core_model_loading import revert_weight_conversion
 
 from labkit.card.load import load_card
 from labkit.core import io
@@ -159,7 +160,8 @@ def merged_tensors(model: Any) -> dict[str, Any]:
     Args:
         model: a peft PeftModel.
     Returns:
-        {name in the merged model: tensor}.
+        {name in the merged model's files: tensor} — the names `save_pretrained` writes, which transformers' loading
+        renames for some models (Gemma 3's `language_model.model.*` is `model.language_model.*` in memory).
     """
     adapter = model.active_adapter
     out = {}
@@ -169,7 +171,7 @@ def merged_tensors(model: Any) -> dict[str, Any]:
         # a trainable-tokens wrapper (ChatML's rows) holds the base weight under token_adapter.base_layer
         out[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")
             .replace(f".modules_to_save.{adapter}.", ".")] = tensor
-    return out
+    return revert_weight_conversion(model.get_base_model(), out)  # as save_pretrained names them on disk
 
 
 def _merged_weights_diff(merged_dir: Path, model: Any) -> dict[str, Any]:

@@ -47,12 +47,50 @@ def trainable_tokens(model: Any, prompt: Prompt) -> Any:
     return {name_of[id(model.get_input_embeddings())].rsplit(".", 1)[-1]: ids, name_of[id(head)].rsplit(".", 1)[-1]: ids}
 
 
+def towers(model: Any) -> set[int]:
+    """Ids of the parameters outside the text decoder and the LM head: a multimodal model's vision tower and projector
+    (Gemma 3 4B and up load as Gemma3ForConditionalGeneration). labkit trains on text rows, which never run them.
+
+    Args:
+        model: a transformers model (not PEFT-wrapped).
+    Returns:
+        the parameter ids (empty for a text-only model).
+    """
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if not isinstance(decoder, torch.nn.Module):
+        return set()
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    text = {id(p) for p in decoder.parameters()} | ({id(p) for p in head.parameters()} if head is not None else set())
+    return {id(p) for p in model.parameters()} - text
+
+
+def text_targets(model: Any, targets: Any) -> Any:
+    """`method.target_modules` as PEFT gets it: "all-linear" on a model with a vision tower becomes one regular
+    expression over the text decoder's linear layers (the tower's adapters would never move on text rows, and stage
+    03's update check would rightly fail on them); anything else as the card says.
+
+    Args:
+        model: the base model (not PEFT-wrapped).
+        targets: the card's target_modules.
+    Returns:
+        the target_modules for `LoraConfig`.
+    """
+    if targets != "all-linear" or model is None or not towers(model):
+        return targets
+    decoder = model.get_decoder()
+    prefix = next(name for name, module in model.named_modules() if module is decoder)
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, module in decoder.named_modules()
+                     if isinstance(module, torch.nn.Linear)})  # bitsandbytes' 4-bit layers are Linear subclasses
+    return rf"{re.escape(prefix)}\..*\.(?:{'|'.join(map(re.escape, leaves))})"
+
+
 def lora_config(method: Lora, prompt: Prompt, model: Any = None) -> Any:
-    """The peft LoraConfig of a lora/qlora `method` (target_modules: names, "all-linear", or one regex string; the
-    ChatML rows of `trainable_tokens` for the card's `data.prompt` when the model is given)."""
+    """The peft LoraConfig of a lora/qlora `method` (target_modules: names, "all-linear" — the text decoder's on a
+    multimodal model, `text_targets` —, or one regex string; the ChatML rows of `trainable_tokens` for the card's
+    `data.prompt` when the model is given)."""
     m = method
     tokens = trainable_tokens(model, prompt) if model is not None else None
-    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=m.target_modules,
+    return LoraConfig(r=m.r, lora_alpha=m.alpha, lora_dropout=m.dropout, target_modules=text_targets(model, m.target_modules),
                       modules_to_save=m.modules_to_save or None, task_type="CAUSAL_LM", bias="none",
                       trainable_token_indices=tokens)
 
@@ -124,8 +162,9 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     """
     method = card.method
     if method.kind == "full":
+        frozen = towers(model)  # a vision tower stays frozen: text rows never run it
         for param in model.parameters():
-            param.requires_grad_(True)
+            param.requires_grad_(id(param) not in frozen)
         return model
 
     set_seed(card.train.seed)  # LoRA's A matrices are drawn at random: the same card gives the same adapter init

@@ -13,6 +13,7 @@ mimic their architecture's base models:
 | `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
 | `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
+| `gemma3` | Gemma3ForConditionalGeneration | Gemma 3 4B and up: the text decoder (four norms a layer, q/k norms, sliding-window layers) beside a vision tower that text rows never run, its template (the system text opens the first user turn), `<end_of_turn>` as a stop token |
 """
 
 from __future__ import annotations
@@ -43,6 +44,26 @@ GEMMA = (
     "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}"
     "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+# Gemma 3's instruction template, as google/gemma-3-*-it ship it (the system text opens the first user turn, the BOS
+# written, image parts as <start_of_image>)
+GEMMA3 = (
+    "{{ bos_token }}{%- if messages[0]['role'] == 'system' -%}{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = 'model' -%}{%- else -%}"
+    "{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}{%- elif item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- else -%}{{ raise_exception('Invalid content type') }}"
+    "{%- endif -%}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "{{'<start_of_turn>model\n'}}{%- endif -%}"
 )
 # Qwen3's chat template as Qwen/Qwen3-* ship it, without its tools branch: the last assistant turn opens with an
 # empty think block unless `enable_thinking=False` puts that block at the end of the generation prompt
@@ -92,6 +113,15 @@ SIZES = {
                "sliding_window": 64, "vocab": 600, "template": GEMMA, "add_bos": True, "stops": ["<end_of_turn>"],
                "special": ["<|endoftext|>", "<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"],
                "tokens": ("<bos>", "<eos>", "<pad>")},
+    # Gemma 3 4B and up: the text decoder inside Gemma3ForConditionalGeneration, beside a SigLIP vision tower
+    "gemma3": {"arch": "Gemma3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32,
+               "sliding_window": 64, "vocab": 600, "template": GEMMA3, "add_bos": True, "stops": ["<end_of_turn>"],
+               "special": ["<|endoftext|>", "<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>",
+                           "<start_of_image>"],
+               "tokens": ("<bos>", "<eos>", "<pad>"),
+               "vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                          "image_size": 28, "patch_size": 14}},
 }
 
 
@@ -134,10 +164,15 @@ def build_tiny(name: str, out: Path) -> None:
         tokenizer.chat_template = template if isinstance(template, str) else CHATML
     config_class = getattr(transformers, f"{arch}Config")
     size.setdefault("tie_word_embeddings", True)
-    config = config_class(
-        vocab_size=len(tokenizer) + pad_rows, max_position_embeddings=2048,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=[tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(stops)] if stops else tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, **size)
+    vision = size.pop("vision", None)
+    ids = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
+           "eos_token_id": [tokenizer.eos_token_id, *tokenizer.convert_tokens_to_ids(stops)] if stops
+           else tokenizer.eos_token_id}
+    text = {"vocab_size": len(tokenizer) + pad_rows, "max_position_embeddings": 2048, **ids, **size}
+    if vision:  # a multimodal model: its text decoder's config inside, a vision tower beside it
+        config, model_class = config_class(text_config=text, vision_config=vision, mm_tokens_per_image=4, **ids), \
+            f"{arch}ForConditionalGeneration"
+    else:
+        config, model_class = config_class(**text), f"{arch}ForCausalLM"
     torch.manual_seed(0)
-    save_folder(getattr(transformers, f"{arch}ForCausalLM")(config), tokenizer, out)
+    save_folder(getattr(transformers, model_class)(config), tokenizer, out)

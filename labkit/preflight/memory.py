@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.core.device import DeviceProfile, device_kind
 from labkit.model.loading import decisions, pick_dtype
-from labkit.model.method import apply_method
+from labkit.model.method import apply_method, towers
 from labkit.model.placement import decide, for_architecture
 from labkit.preflight.activations import activation_units, eager_transient_bytes, window_share
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
@@ -139,11 +139,13 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
         card: the card (qlora quantisation settings).
         dtype_bytes: bytes per weight of the loaded dtype.
     Returns:
-        {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted", "head_trainable", "norms_trainable",
-         "tokens_trained" (peft's trainable ChatML rows, `labkit.model.method.trainable_tokens`)}.
+        {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted" (the text decoder's adapted or
+         fully trained linears), "head_trainable", "norms_trainable", "tokens_trained" (peft's trainable ChatML rows,
+         `labkit.model.method.trainable_tokens`)}.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
+    outside = towers(base)  # a vision tower's adapters cost weights and states, not text activations
     q = getattr(card.method, "quantisation", None)
     frozen_all = frozen_norms = quant = trainable = trainable_bytes = 0
     adapted: set[str] = set()
@@ -156,13 +158,14 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
             # PEFT keeps adapters in fp32; fully trained weights (and saved modules) keep the loaded dtype
             fp32 = "lora_" in short or card.method.kind == "qlora"
             trainable_bytes += param.numel() * (4 if fp32 else dtype_bytes)
-            if "lora_A" in short:
+            text = id(param) not in outside
+            if "lora_A" in short and text:
                 adapted.add(short.split(".lora_A")[0].rsplit(".", 1)[-1])
             elif "norm" in short:
                 norms_trainable = True
             elif "lm_head" in short or "embed" in short:
                 head_trainable = True
-            if card.method.kind == "full" and param.dim() == 2 and "embed" not in short:
+            if card.method.kind == "full" and param.dim() == 2 and "embed" not in short and text:
                 adapted.add(short.rsplit(".", 2)[-2])
         elif short in quantised:
             n = param.numel()

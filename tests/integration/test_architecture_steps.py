@@ -1,4 +1,4 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Gemma 2 and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check
 on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The real-size
 configs (Llama 3 8B, Mistral 7B, Phi-2) are estimated on the meta device; an architecture the estimate does not model
 says so."""
@@ -32,9 +32,9 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # Gemma 2's template has no system role: the card's system text opens the user message; Qwen3's empty think block
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
-         "gemma2": {"system_in": "user"}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}
+         "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2)
-LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "qwen3": 7}
+LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7}
 
 
 def card_for(name: str) -> Card:
@@ -71,7 +71,8 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
     from transformers import AutoConfig
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
-    assert est["architecture"] == model.get_base_model().config.model_type
+    # all-linear on Gemma 3's text decoder alone: the vision tower's adapters would never move on text rows
+    assert est["architecture"] == model.get_base_model().config.get_text_config().model_type
     assert est["modelled"] and est["note"] is None
     eager = name == "gemma2"  # no sdpa kernel for Gemma 2: the model and its estimate both use eager attention
     assert (model.get_base_model().config._attn_implementation == "eager") == eager == (est["attention"] == "eager")

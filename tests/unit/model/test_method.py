@@ -1,4 +1,5 @@
-"""Methods on the tiny model: what is trainable, seeded adapter init, target names/regex, and a target list that matches nothing."""
+"""Methods on the tiny model: what is trainable, seeded adapter init, target names/regex, a target list that matches
+nothing, and a multimodal model's vision tower left out of all-linear and of full fine-tuning."""
 
 from __future__ import annotations
 
@@ -99,3 +100,22 @@ def test_qlora_already_in_the_cpu_inference_layout_is_refused(card, tiny_model) 
         model(input_ids=torch.tensor([[3, 4, 5, 6]]))
     with pytest.raises(MethodError, match="inference layout"):
         apply_method(model, card)
+
+
+def test_a_vision_tower_is_left_out_of_all_linear_and_of_full_training(card) -> None:
+    """tiny:gemma3 is Gemma3ForConditionalGeneration (a vision tower beside the text decoder, as Gemma 3 4B and up):
+    text rows never run the tower, so all-linear adapts the text decoder's linears alone and full fine-tuning leaves
+    the tower frozen; module names the tower shares still reach it (the card says so)."""
+    from labkit.model.sources import resolve
+
+    tiny = resolve("tiny:gemma3")
+    lora = apply_method(load_model(tiny, card, "cpu"), card)
+    adapted = [n for n, p in lora.named_parameters() if p.requires_grad]
+    assert len(adapted) == 2 * 2 * 7 and all(".language_model.layers." in n for n in adapted)  # A, B × 2 layers × 7
+    assert lora.peft_config["default"].target_modules == r"model\.language_model\..*\.(?:down_proj|gate_proj|k_proj|o_proj|q_proj|up_proj|v_proj)"
+    named = apply_method(load_model(tiny, card, "cpu"), updated(card, {"method.target_modules": ["q_proj"]}))
+    assert any("vision_tower" in n for n, p in named.named_parameters() if p.requires_grad)
+    full = apply_method(load_model(tiny, card, "cpu"), updated(card, {"method": {"kind": "full"}}))
+    trains = {n: p.requires_grad for n, p in full.named_parameters()}
+    assert not any(v for n, v in trains.items() if "vision_tower" in n or "multi_modal_projector" in n)
+    assert all(v for n, v in trains.items() if "language_model" in n)

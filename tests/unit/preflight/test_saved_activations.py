@@ -106,3 +106,22 @@ def test_under_bf16_autocast_each_adapter_keeps_its_own_copy(name: str) -> None:
     estimated = sum(units.values()) * 2
     # left out: the rotary cos / sin and autocast's bfloat16 copies of the adapters' weights (per layer, not per token)
     assert 0 <= measured - estimated <= 0.06 * measured, (name, measured, estimated, units)
+
+
+def test_a_multimodal_models_vision_tower_adds_no_text_activations() -> None:
+    """A Gemma 3 with a vision tower (as 4B and up ship): `all-linear` adapts the text decoder alone (text rows never
+    run the tower); module names the tower shares (q_proj, v_proj) adapt it too, whose adapters cost their weights and
+    states while the activations per token stay the text decoder's."""
+    card = load_card(REPO / "params" / "smoke.yaml").card
+    text = transformers.Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=128)
+    both = transformers.Gemma3Config(text_config=text.to_dict(), vision_config={
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28,
+        "patch_size": 14})
+    for targets in ("all-linear", ["q_proj", "v_proj"]):
+        chosen = updated(card, {"method.target_modules": targets})
+        alone, with_tower = (parameter_bytes(meta_model(c, chosen), chosen, 4) for c in (text, both))
+        assert (with_tower["trainable"] > alone["trainable"]) == (targets != "all-linear")
+        assert with_tower["adapted"] == alone["adapted"]
+        units = [activation_units(shape_of(c), chosen, p, SEQ, False, architecture(c)["block"], "sdpa", 4, True)
+                 for c, p in ((text, alone), (both, with_tower))]
+        assert units[0] == units[1]
