@@ -160,8 +160,8 @@ def merged_tensors(model: Any) -> dict[str, Any]:
     Args:
         model: a peft PeftModel.
     Returns:
-        {name in the merged model's files: tensor} — the names `save_pretrained` writes, which transformers' loading
-        renames for some models (Gemma 3's `language_model.model.*` is `model.language_model.*` in memory).
+        {name in the merged model's files (`save_pretrained`'s: Gemma 3's `model.language_model.*` is saved as
+        `language_model.model.*`): tensor}.
     """
     adapter = model.active_adapter
     out = {}
