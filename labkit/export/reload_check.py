@@ -153,15 +153,13 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
 def merged_tensors(model: Any) -> dict[str, Any]:
     """A PeftModel's tensors under the names `merge_and_unload` would give them (views, no copies).
 
-    The LoRA layers' `base_layer` weights hold the merge when the adapter is merged in place; the adapter's own
-    tensors and the originals of `modules_to_save` are left out, the trained copies of `modules_to_save` take the
-    original names.
+    The LoRA layers' `base_layer` weights hold the merge when the adapter is merged in place; the adapter's tensors
+    and the originals of `modules_to_save` are left out, the trained copies of `modules_to_save` take their names.
 
     Args:
         model: a peft PeftModel.
     Returns:
-        {name in the merged model's files (`save_pretrained`'s: Gemma 3's `model.language_model.*` is saved as
-        `language_model.model.*`): tensor}.
+        {name as `save_pretrained` writes it (Gemma 3's `model.language_model.*` as `language_model.model.*`): tensor}.
     """
     adapter = model.active_adapter
     out = {}
