@@ -1,5 +1,6 @@
 """Sizing on a GPU from the CPU: margins (CUDA context, fragmentation, DDP buckets, NCCL), paged optimiser states,
-the largest micro-batch that fits, and `labkit estimate` on an 8B QLoRA card, offline."""
+the largest micro-batch that fits, `labkit estimate` on an 8B QLoRA card, offline, and the example cards of other
+architectures (Qwen3 8B, Gemma 2 9B, Gemma 3 4B with its vision tower) as their configs give them."""
 
 from __future__ import annotations
 
@@ -158,3 +159,21 @@ def test_the_gemma2_example_is_modelled_with_its_sandwich_norms_and_softcapped_e
     logits = 32 * 256000 * 4  # ⌈63 × 0.5⌉ scored positions, float32 (QLoRA's activation unit)
     assert capped["phases"]["start_of_backward"] - plain["phases"]["start_of_backward"] == logits
     assert capped["phases"]["end_of_forward"] - plain["phases"]["end_of_forward"] == logits
+
+
+def test_the_gemma3_example_loads_its_vision_tower_and_adapts_the_text_decoder() -> None:
+    """params/examples/gemma3-4b-lora.yaml: Gemma 3 4B's config is multimodal (a SigLIP tower beside the text
+    decoder). The tower's weights are loaded and counted; all-linear adapts the text decoder alone, so the trainable
+    parameters and the activations are those of the text config by itself."""
+    loaded = load_card(REPO / "params" / "examples" / "gemma3-4b-lora.yaml")
+    card, config = loaded.card, estimate_config(loaded.card, loaded.path)
+    assert type(config).__name__ == "Gemma3Config"
+    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
+    full, text = (estimate_step(c, card, 384, device=a100) for c in (config, config.get_text_config()))
+    assert full["modelled"] and full["architecture"] == "gemma3_text" and full["attention"] == "sdpa"
+    assert full["trainable"] == text["trainable"] == 34 * 16 * (2 * (2560 + 2048) + 2 * (2560 + 1024) + 3 * 12800)
+    assert full["activation_units_per_token_layer"] == text["activation_units_per_token_layer"]
+    assert full["breakdown"]["weights_frozen"] - text["breakdown"]["weights_frozen"] > 0.3e9 * 2  # the tower, bf16
+    assert "sliding-window mask" not in full["activation_units_per_token_layer"]  # 384 tokens: inside the window
+    assert estimate_step(config, card, 1024, device=a100, padded=False)["activation_units_per_token_layer"][
+        "sliding-window mask"] == pytest.approx(1024 * 29 / 34)  # 29 of 34 layers slide (5 of every 6)
