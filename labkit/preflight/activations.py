@@ -38,7 +38,7 @@ def window_share(config: Any, seq_len: int) -> float:
         0.0 to 1.0.
     """
     window = getattr(config, "sliding_window", None)
-    if not window or seq_len < window or getattr(config, "use_sliding_window", True) is False:
+    if not window or seq_len < window:  # (Qwen2's config drops its window unless use_sliding_window)
         return 0.0
     types = getattr(config, "layer_types", None)
     if not types:
@@ -74,7 +74,7 @@ def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_
     fp32 = 4 / act_bytes
     units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": q}
     if softcapped:
-        units["softcapped scores (tanh)"] = a * seq_len * (fp32 if attention == FP32_SCORES else 1)
+        units["softcapped scores (tanh)"] = a * seq_len  # in the scores' dtype (labkit's float32 eager is Phi's)
     if not float32:  # cast to the values' dtype for the product with the values: a second copy
         units["attention probabilities"] = a * seq_len
     if attention == FP32_SCORES:

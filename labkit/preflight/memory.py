@@ -78,6 +78,11 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
     return str(pick_dtype(card, device)).replace("torch.", "")
 
 
+def text_config(config: Any) -> Any:
+    """The text decoder's config (a multimodal model's `text_config`, else the config itself)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 # model_type → the block whose activations `activation_units` counts
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
                  "gemma": "llama", "gemma2": "gemma2", "gemma3_text": "gemma3"}
@@ -89,7 +94,7 @@ def architecture(config: Any) -> dict[str, Any]:
     Returns:
         {"model_type", "block": a value of ARCHITECTURES or None, "modelled", "note"}.
     """
-    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    c = text_config(config)
     model_type = getattr(c, "model_type", "") or ""
     block = ARCHITECTURES.get(model_type)
     note = None if block else (
@@ -100,7 +105,7 @@ def architecture(config: Any) -> dict[str, Any]:
 
 def shape_of(config: Any) -> Shape:
     """Read the layer count and widths from a transformers config (text part of multimodal ones)."""
-    c = config.get_text_config() if hasattr(config, "get_text_config") else config
+    c = text_config(config)
     heads = c.num_attention_heads
     return Shape(layers=c.num_hidden_layers, hidden=c.hidden_size, intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
                  heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
@@ -237,7 +242,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     tokens = rows * seq_len
     arch = architecture(config)
     attention, float32, autocast = attention_for(card, device, arch["model_type"])
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = text_config(config)
     softcap = bool(getattr(text, "final_logit_softcapping", None))  # TRL's fused head caps inside its tiles
     per_layer = activation_units(shape, card, params, seq_len, padded, arch["block"] or "llama", attention, act_bytes,
                                  float32, autocast=autocast and act_bytes == 2, cuda=kind == "cuda",
@@ -277,7 +282,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         # in the backward the logits' gradient and one temporary of the same size
         logits = tokens * shape.vocab * act_bytes
         head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
-        if softcap:
+        if softcap:  # as in the CPU's head above, over every position (not measured for ORPO)
             head_fwd, head_bwd = head_fwd + logits, head_bwd + logits
     phases = {"end_of_forward": activations + max(head_fwd, transient),
               "start_of_backward": activations + head_bwd + transient,

@@ -71,11 +71,12 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
     from transformers import AutoConfig
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
-    # all-linear on Gemma 3's text decoder alone: the vision tower's adapters would never move on text rows
     assert est["architecture"] == model.get_base_model().config.get_text_config().model_type
     assert est["modelled"] and est["note"] is None
     eager = name == "gemma2"  # no sdpa kernel for Gemma 2: the model and its estimate both use eager attention
     assert (model.get_base_model().config._attn_implementation == "eager") == eager == (est["attention"] == "eager")
+    # all-linear on Gemma 3's text decoder alone, in the model and in the estimate: the vision tower's adapters would
+    # never move on text rows
     assert est["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)
     model.eval()
     answers = generate_answers(model, tok, card, rows[:2])

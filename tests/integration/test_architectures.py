@@ -28,6 +28,7 @@ CASES = {
 MODEL_TYPE = {"llama3": "llama", "qwen2": "qwen2", "mistral": "mistral", "phi": "phi", "gemma2": "gemma2",
               "gemma3": "gemma3_text", "qwen3": "qwen3"}
 
+
 def _card(name: str, folder: Path) -> Path:
     card = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
     card["experiment"]["id"] = f"arch-{name}"

@@ -112,7 +112,8 @@ def test_a_vision_tower_is_left_out_of_all_linear_and_of_full_training(card) -> 
     lora = apply_method(load_model(tiny, card, "cpu"), card)
     adapted = [n for n, p in lora.named_parameters() if p.requires_grad]
     assert len(adapted) == 2 * 2 * 7 and all(".language_model.layers." in n for n in adapted)  # A, B × 2 layers × 7
-    assert lora.peft_config["default"].target_modules == r"model\.language_model\..*\.(?:down_proj|gate_proj|k_proj|o_proj|q_proj|up_proj|v_proj)"
+    assert lora.peft_config["default"].target_modules == (
+        r"model\.language_model\..*\.(?:down_proj|gate_proj|k_proj|o_proj|q_proj|up_proj|v_proj)")
     named = apply_method(load_model(tiny, card, "cpu"), updated(card, {"method.target_modules": ["q_proj"]}))
     assert any("vision_tower" in n for n, p in named.named_parameters() if p.requires_grad)
     full = apply_method(load_model(tiny, card, "cpu"), updated(card, {"method": {"kind": "full"}}))

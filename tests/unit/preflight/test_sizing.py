@@ -28,6 +28,7 @@ from labkit.preflight.sizing import (
 )
 
 T4 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "t4.json")
+A100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
 EXAMPLE = REPO / "params" / "examples" / "llama3-8b-qlora.yaml"
 
 
@@ -122,8 +123,7 @@ def test_the_qwen3_example_is_modelled_with_its_head_dim_and_its_autocast_copies
     loaded = load_card(REPO / "params" / "examples" / "qwen3-8b-lora.yaml")
     card, config = loaded.card, estimate_config(loaded.card, loaded.path)
     assert card.data.prompt.chat_template_kwargs == {"enable_thinking": False}
-    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
-    est = estimate_step(config, card, 512, device=a100)
+    est = estimate_step(config, card, 512, device=A100)
     units = est["activation_units_per_token_layer"]
     assert est["modelled"] and est["architecture"] == "qwen3" and est["checkpointing"]
     assert units["query, key before their norms"] == (4096 + 1024) * 2  # float32 copies, in bf16 units
@@ -142,8 +142,7 @@ def test_the_gemma2_example_is_modelled_with_its_sandwich_norms_and_softcapped_e
     loaded = load_card(REPO / "params" / "examples" / "gemma2-9b-qlora.yaml")
     card, config = loaded.card, estimate_config(loaded.card, loaded.path)
     assert card.data.prompt.system_in == "user"
-    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
-    est = estimate_step(config, card, 512, device=a100)
+    est = estimate_step(config, card, 512, device=A100)
     units = est["activation_units_per_token_layer"]
     assert est["modelled"] and est["architecture"] == "gemma2" and est["attention"] == "eager"
     assert units["softcapped scores (tanh)"] == units["attention probabilities"] == 16 * 512
@@ -168,12 +167,11 @@ def test_the_gemma3_example_loads_its_vision_tower_and_adapts_the_text_decoder()
     loaded = load_card(REPO / "params" / "examples" / "gemma3-4b-lora.yaml")
     card, config = loaded.card, estimate_config(loaded.card, loaded.path)
     assert type(config).__name__ == "Gemma3Config"
-    a100 = load_profile(Path(__file__).resolve().parent.parent / "core" / "profiles" / "a100.json")
-    full, text = (estimate_step(c, card, 384, device=a100) for c in (config, config.get_text_config()))
+    full, text = (estimate_step(c, card, 384, device=A100) for c in (config, config.get_text_config()))
     assert full["modelled"] and full["architecture"] == "gemma3_text" and full["attention"] == "sdpa"
     assert full["trainable"] == text["trainable"] == 34 * 16 * (2 * (2560 + 2048) + 2 * (2560 + 1024) + 3 * 12800)
     assert full["activation_units_per_token_layer"] == text["activation_units_per_token_layer"]
     assert full["breakdown"]["weights_frozen"] - text["breakdown"]["weights_frozen"] > 0.3e9 * 2  # the tower, bf16
     assert "sliding-window mask" not in full["activation_units_per_token_layer"]  # 384 tokens: inside the window
-    assert estimate_step(config, card, 1024, device=a100, padded=False)["activation_units_per_token_layer"][
+    assert estimate_step(config, card, 1024, device=A100, padded=False)["activation_units_per_token_layer"][
         "sliding-window mask"] == pytest.approx(1024 * 29 / 34)  # 29 of 34 layers slide (5 of every 6)
