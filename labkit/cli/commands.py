@@ -276,8 +276,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     a GPU before renting it, per GPU under the card's layout of processes (offline, no weights)."""
     from labkit.preflight.gpus import gpu_named
     from labkit.preflight.layouts import estimate_layout, layout_of
-    from labkit.preflight.memory import GIB
-    from labkit.show.memory import export_line, label, layout_lines
+    from labkit.show.memory import export_line, layout_lines, step_lines
 
     loaded = load_card(Path(args.card))
     card = loaded.card
@@ -294,12 +293,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"step at micro-batch {est['micro_batch']}, {got['seq_len']} tokens"
           + (", activation checkpointing" if est["checkpointing"] else "")
           + (", one process holding everything" if layout["id"] != "single" else "") + ":")
-    for term, value in est["breakdown"].items():
-        if value:
-            print(f"  {label(term):<28} {value / GIB:8.2f} GiB")
-    for term, value in verdict["overheads"].items():
-        print(f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)")
-    print(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {memory:g} GiB")
+    print("\n".join(step_lines(est, verdict["overheads"], verdict["needed_bytes"], memory)))
     print("\n".join(layout_lines(got, named.name if named else f"{memory:g} GiB GPU", memory)))
     print(export_line(card, loaded.path, memory, capability, args.config, got))
     largest = got["largest_micro_batch"]

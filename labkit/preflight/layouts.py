@@ -96,17 +96,20 @@ def per_gpu(est: MemoryEstimate, layout: Layout) -> GpuEstimate:
     """
     n, lid = layout["processes"], layout["id"]
     out = {**est["breakdown"], GATHERED_LAYER: 0.0}
-    phases = dict(est["phases"])
+    parts = {phase: dict(terms) for phase, terms in est["phase_terms"].items()}
     host: dict[str, float] = {}
     if lid in SHARD_STATES and n > 1:
         out["gradients"] = est["breakdown"]["gradients"] / n
         out["optimizer_states"] = est["breakdown"]["optimizer_states"] / n
-        phases["optimizer_update"] = out["gradients"]
+        parts["optimizer_update"]["gradients"] = out["gradients"]
     if lid in SHARD_WEIGHTS and n > 1:
         out[GATHERED_LAYER] = est["weights_bytes"] / est["shape"]["layers"]
         for key in WEIGHTS:
             out[key] = est["breakdown"][key] / n
-        phases = {k: v + (0.0 if k == "optimizer_update" else out[GATHERED_LAYER]) for k, v in phases.items()}
+        for phase, terms in parts.items():
+            if phase != "optimizer_update":
+                terms[GATHERED_LAYER] = out[GATHERED_LAYER]
+    phases = {phase: sum(terms.values()) for phase, terms in parts.items()}
     if lid.endswith("_offload"):
         host["optimizer_states"], out["optimizer_states"] = out["optimizer_states"], 0.0
         if lid == "zero3_offload":
@@ -118,8 +121,8 @@ def per_gpu(est: MemoryEstimate, layout: Layout) -> GpuEstimate:
         weights = sum(out[k] for k in WEIGHTS)
         step = out["optimizer_states"] + max(phases.values())
         peak = weights + step
-    return {"layout": layout, "breakdown": out, "phases": phases, "weights_bytes": weights, "step_bytes": step,
-            "peak_bytes": peak, "optimizer": est["optimizer"], "host_breakdown": host,
+    return {"layout": layout, "breakdown": out, "phases": phases, "phase_terms": parts, "weights_bytes": weights,
+            "step_bytes": step, "peak_bytes": peak, "optimizer": est["optimizer"], "host_breakdown": host,
             "host_bytes_per_machine": sum(host.values()) * layout["per_machine"]}
 
 

@@ -226,7 +226,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
             the upper bound). On the CPU the loss head's logits cover only those positions.
     Returns:
         {"breakdown": {term id: bytes} (`labkit.preflight.records.BREAKDOWN`), "peak_bytes", "step_bytes" (peak above
-         the loaded weights), "phases" ({phase id: bytes}), "alternatives",
+         the loaded weights), "phases" ({phase id: bytes}), "phase_terms" ({phase id: {term id: bytes}}, each
+         phase's sum), "alternatives",
          "architecture", "modelled", "note", ...}. With `modelled` false the activation terms are a Llama-shaped
         stand-in that no caller may show as an estimate (`note` says so).
     """
@@ -284,13 +285,19 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
         head_fwd, head_bwd = 2 * logits, 1.5 * logits + 2 * logits + grad_hidden + head_grad
         if softcap:  # as in the CPU's head above, over every position (not measured for ORPO)
             head_fwd, head_bwd = head_fwd + logits, head_bwd + logits
-    phases = {"end_of_forward": activations + max(head_fwd, transient),
-              "start_of_backward": activations + head_bwd + transient,
-              "optimizer_update": grads}
+    # each phase's terms (`labkit.preflight.records.PHASE_TERMS`): the largest phase, the optimiser states and the
+    # weights add up to the peak
+    parts = {"end_of_forward": {"activations": activations, **({"loss_head_forward": head_fwd} if head_fwd >= transient
+                                                               else {"layer_transient": transient})},
+             "start_of_backward": {"activations": activations, "loss_head_backward": head_bwd, "layer_transient": transient},
+             "optimizer_update": {"gradients": grads}}
     if card.train.trainer == "dpo":  # the reference forward (no gradients) while the policy's activations are kept
-        phases["reference_forward"] = activations + head_fwd + layer_bytes
+        parts["reference_forward"] = {"activations": activations, "loss_head_forward": head_fwd,
+                                      "reference_layer": layer_bytes}
     if ckpt:
-        phases["recomputed_layer_backward"] = activations + layer_bytes + grad_hidden + head_grad + transient
+        parts["recomputed_layer_backward"] = {"activations": activations, "recomputed_layer": layer_bytes,
+                                              "head_gradients": grad_hidden + head_grad, "layer_transient": transient}
+    phases = {phase: sum(terms.values()) for phase, terms in parts.items()}
     step = opt_states + max(phases.values())
     weights = params["frozen_bytes"] + params["quantised_bytes"] + params["trainable_bytes"]
     breakdown = dict(zip(BREAKDOWN, (params["frozen_bytes"], params["quantised_bytes"], params["trainable_bytes"],
@@ -305,7 +312,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
             "loss_fraction": loss_fraction, "alternatives": alternatives,
             "dtype": dtype, "shape": asdict(shape), "trainable": params["trainable"], "adapted": params["adapted"],
             "activation_units_per_token_layer": per_layer, "activations_per_layer_bytes": layer_bytes,
-            "breakdown": breakdown, "phases": phases, "weights_bytes": weights, "step_bytes": step,
+            "breakdown": breakdown, "phases": phases, "phase_terms": parts, "weights_bytes": weights, "step_bytes": step,
             "peak_bytes": weights + step,
             "trainer": card.train.trainer, "rows": rows, "unfused_logits_bytes": 3 * tokens * shape.vocab * 4}
 

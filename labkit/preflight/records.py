@@ -13,6 +13,9 @@ from typing import Any, TypedDict
 BREAKDOWN = ("weights_frozen", "weights_4bit", "trainable_parameters", "gradients", "optimizer_states", "activations",
              "loss_head_buffers")
 PHASES = ("end_of_forward", "start_of_backward", "optimizer_update", "reference_forward", "recomputed_layer_backward")
+# what a phase holds above the weights and optimiser states (`phase_terms`; the layouts add GATHERED_LAYER)
+PHASE_TERMS = ("activations", "loss_head_forward", "loss_head_backward", "layer_transient", "gradients",
+               "reference_layer", "recomputed_layer", "head_gradients")
 ACTIVATIONS_PLAIN = "activations_plain"  # alternatives: activations without checkpointing
 ACTIVATIONS_CHECKPOINTED = "activations_checkpointed"  # with checkpointing (+ one recomputed layer)
 OPTIMIZER_STATES_PREFIX = "optimizer_states_"  # alternatives: optimizer_states_<train.optimizer>
@@ -46,6 +49,7 @@ class MemoryEstimate(TypedDict):
     activations_per_layer_bytes: float
     breakdown: dict[str, float]
     phases: dict[str, float]
+    phase_terms: dict[str, dict[str, float]]  # phase id -> {PHASE_TERMS id: bytes}, summing to the phase
     weights_bytes: float
     step_bytes: float
     peak_bytes: float
@@ -94,6 +98,7 @@ class GpuEstimate(TypedDict):
     layout: Layout
     breakdown: dict[str, float]
     phases: dict[str, float]
+    phase_terms: dict[str, dict[str, float]]
     weights_bytes: float
     step_bytes: float
     peak_bytes: float

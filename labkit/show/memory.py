@@ -26,6 +26,10 @@ LABELS = {
     # alternatives
     "activations_plain": "activations, no checkpointing",
     "activations_checkpointed": "activations, checkpointing (+ one recomputed layer)",
+    # what a phase holds (labkit.preflight.records.PHASE_TERMS)
+    "loss_head_forward": "loss head, forward", "loss_head_backward": "loss head, backward",
+    "layer_transient": "one layer's attention scores", "reference_layer": "one layer, reference forward",
+    "recomputed_layer": "one layer, recomputed", "head_gradients": "loss head's gradients",
     # GPU margins (labkit.preflight.sizing.overheads)
     "fragmentation": "allocator fragmentation", "cuda_context": "CUDA context and kernels", "nccl_buffers": "NCCL buffers",
     "ddp_buckets": "DDP gradient buckets",
@@ -84,6 +88,34 @@ def breakdown_rows(estimates: list[MemoryEstimate]) -> list[dict[str, Any]]:
     return rows
 
 
+def step_lines(est: Any, overheads: dict[str, float], needed_bytes: float, gpu_memory_gib: float) -> list[str]:
+    """`labkit estimate`'s terms of one GPU's peak, which add up to "needed": the weights, the optimiser states, the
+    largest phase's terms, the margins; then the smaller phases in one line.
+
+    Args:
+        est: an `estimate_step` or `labkit.preflight.layouts.per_gpu` result.
+        overheads: the GPU margins ({term id: bytes}).
+        needed_bytes: the verdict's needed bytes (the peak and the margins).
+        gpu_memory_gib: the GPU's memory.
+    Returns:
+        the lines, indented under the caller's heading.
+    """
+    phases, parts = est["phases"], est["phase_terms"]
+    peak = max(phases, key=phases.get)
+
+    def line(term: str, value: float, note: str = "", indent: int = 2) -> str:
+        return f"{' ' * indent}{label(term):<{34 - indent}} {value / GIB:8.2f} GiB{note}"
+
+    lines = [line(k, est["breakdown"][k]) for k in ("weights_frozen", "weights_4bit", "trainable_parameters",
+                                                     "optimizer_states") if est["breakdown"].get(k)]
+    lines.append(f"  largest phase, {label(peak)}:")
+    lines += [line(term, value, indent=4) for term, value in parts[peak].items() if value]
+    lines += [line(term, value, "  (margin)") for term, value in overheads.items()]
+    lines.append(f"  {'needed':<32} {needed_bytes / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
+    others = [f"{label(k)} {v / GIB:.2f} GiB" for k, v in phases.items() if k != peak]
+    return lines + [f"  (smaller phases: {'; '.join(others)})"] if others else lines
+
+
 def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: str, config_path: str | None,
                 sized: dict[str, Any]) -> str:
     """`labkit estimate`'s line on the export: its peak (16-bit merge and reload check) beside training's.
@@ -127,10 +159,7 @@ def layout_lines(sized: dict[str, Any], gpu: str, gpu_memory_gib: float) -> list
     lines = []
     if layout["id"] != "single":
         lines.append(f"per GPU under {layout_text(layout)}:")
-        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB" for term, value in each["breakdown"].items() if value]
-        lines += [f"  {label(term):<28} {value / GIB:8.2f} GiB  (margin)"
-                  for term, value in verdict["overheads"].items()]
-        lines.append(f"  {'needed':<28} {verdict['needed_bytes'] / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
+        lines += step_lines(each, verdict["overheads"], verdict["needed_bytes"], gpu_memory_gib)
         if each["host_breakdown"]:
             moved = ", ".join(label(k) for k in each["host_breakdown"])
             lines.append(f"host memory per machine (CPU offload: {moved}): {each['host_bytes_per_machine'] / GIB:.2f} "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 from conftest import REPO
+from test_sizing import terms_add_up
 
 from labkit.card.load import load_card
 from labkit.card.update import updated
@@ -160,6 +161,7 @@ def test_labkit_estimate_on_two_machines(capsys: pytest.CaptureFixture, tmp_path
     out = capsys.readouterr().out
     assert "per GPU under deepspeed ZeRO-3, optimiser and weights offload to CPU, 4 processes on 2 machines" in out
     assert _gib(out, "weights (4-bit)") == [one] and "gathered layer (whole)" in out  # weights on the host
+    assert terms_add_up(out, "step at micro-batch") and terms_add_up(out, "per GPU under")
     assert "host memory per machine (CPU offload: optimiser states, weights (frozen), weights (4-bit), trainable " \
            "parameters):" in out and "for its 2 process(es)" in out
     # a full fine-tune of the 8B model does not fit one A100 40 GB: the fewest GPUs that do, and how

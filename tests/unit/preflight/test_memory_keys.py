@@ -11,6 +11,7 @@ from labkit.card.load import load_card
 from labkit.core.device import load_profile
 from labkit.preflight.memory import estimate_step
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OVERHEADS, PHASES
+from labkit.preflight.records import PHASE_TERMS
 from labkit.preflight.sizing import estimate_config, overheads
 from labkit.card.update import updated
 from labkit.show.memory import LABELS, breakdown_rows, label
@@ -28,7 +29,11 @@ def test_estimate_terms_are_identifiers_with_labels_in_show() -> None:
     assert tuple(est["breakdown"]) == BREAKDOWN and set(est["phases"]) == set(PHASES)
     assert {ACTIVATIONS_PLAIN, ACTIVATIONS_CHECKPOINTED, f"optimizer_states_{card.train.optimizer}",
             "weights_frozen_upcast_all", "weights_frozen_upcast_norms"} <= set(est["alternatives"])
-    keys = [*est["breakdown"], *est["phases"], *est["alternatives"]]
+    # each phase is the sum of its terms, and the largest with the weights and optimiser states is the peak
+    assert set(est["phase_terms"]) == set(PHASES) and {t for p in est["phase_terms"].values() for t in p} <= set(PHASE_TERMS)
+    assert all(est["phases"][k] == sum(terms.values()) for k, terms in est["phase_terms"].items())
+    assert est["peak_bytes"] == est["weights_bytes"] + est["breakdown"]["optimizer_states"] + max(est["phases"].values())
+    keys = [*est["breakdown"], *est["phases"], *est["alternatives"], *PHASE_TERMS]
     assert all(IDENTIFIER.match(k) for k in keys), keys
     assert all(k in LABELS or label(k) != k for k in keys)  # each shown by its label
     assert label("optimizer_states") == "optimiser states" and label("weights_4bit") == "weights (4-bit)"

@@ -81,11 +81,26 @@ def test_a_hub_model_without_a_config_offline_is_one_line(tmp_path) -> None:
         estimate_config(card, tmp_path / "card.yaml")
 
 
+def terms_add_up(out: str, heading: str) -> int:
+    """Assert that the GiB terms printed after `heading` add up to its "needed" line (each rounded to 0.01 GiB);
+    returns how many terms there were."""
+    values: list[float] = []
+    for line in out.split(heading, 1)[1].splitlines()[1:]:
+        words = line.split()
+        if words[0] == "needed":
+            assert abs(sum(values) - float(words[1])) <= 0.005 * len(values), (values, line)
+            return len(values)
+        if "GiB" in words and not line.lstrip().startswith("("):
+            values.append(float(words[words.index("GiB") - 1]))
+    raise AssertionError(f"no needed line after {heading!r}")
+
+
 def test_labkit_estimate_on_an_8b_qlora_card_offline() -> None:
     start = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "labkit.cli", "estimate", str(EXAMPLE), "--gpu-memory", "16",
                           "--capability", "7.5"], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr
+    assert terms_add_up(out.stdout, "step at micro-batch") >= 6 and "largest phase, " in out.stdout
     assert "weights float16, precision fp16, 4-bit compute float16" in out.stdout  # a T4: no native bf16
     assert "verdict: fits: fits with" in out.stdout and "CUDA context and kernels" in out.stdout
     assert "largest micro-batch that fits: " in out.stdout and time.monotonic() - start < 120
