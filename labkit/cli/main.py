@@ -15,6 +15,7 @@ import traceback
 
 from labkit import __version__
 from labkit.cli import commands
+from labkit.core.kernel import quiet_unactionable
 from labkit.core.runs import STAGES
 from labkit.errors import LabkitError
 
@@ -200,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     # this process trains nothing: bitsandbytes' import-time notice about an optional CPU kernel (printed when the
     # report or the export imports the model layer) is not the user's concern here; stage kernels log it to the run
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    quiet_unactionable()
     try:
         return args.func(args)
     except KeyboardInterrupt:

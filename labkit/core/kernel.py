@@ -5,13 +5,15 @@ transformers, datasets and huggingface_hub bind `tqdm.auto.tqdm` when they are i
 import (bitsandbytes' CPU kernel notice); a notebook widget does not survive in an archived notebook, and stderr shows
 there as an error-coloured block. The runner starts each kernel with `start_line` (IPython's `exec_lines`), which
 imports nothing heavy; the stage's `open_stage` captures the libraries' logs again once they are imported
-(`labkit.stages.context.capture_library_logs`).
+(`labkit.stages.context.capture_library_logs`). Every labkit process (the CLI, a stage's kernel) hides the libraries'
+warnings about their own calls (`quiet_unactionable`).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ import tqdm.std
 LIBRARY_LOGGERS = ("transformers", "datasets", "bitsandbytes", "peft", "accelerate", "trl", "torch", "huggingface_hub",
                    "py.warnings")
 LOG = "logs/libraries.log"  # under the run folder
+# transformers' deprecation of `is_gradient_checkpointing`, which peft and trl read themselves: nothing a user can act on
+UNACTIONABLE = (r".*is_gradient_checkpointing.*",)
 
 
 class StdoutTqdm(tqdm.std.tqdm):  # type: ignore[misc]
@@ -36,6 +40,12 @@ def plain_bars() -> None:
     """Plain-text progress bars in this process: `tqdm.auto.tqdm` becomes `StdoutTqdm` for every library imported
     afterwards (and for labkit's own bars, which look it up when they start)."""
     tqdm.auto.tqdm = StdoutTqdm
+
+
+def quiet_unactionable() -> None:
+    """Hide, in this process, the FutureWarnings the libraries raise about their own calls (`UNACTIONABLE`)."""
+    for message in UNACTIONABLE:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning)
 
 
 def log_libraries_to(run_dir: Path, stage: str) -> Path:

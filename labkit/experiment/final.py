@@ -18,13 +18,13 @@ import getpass
 import os
 import shutil
 import socket
-import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
+from labkit.core.kernel import quiet_unactionable
 from labkit.core.protocol import pin_card, pinned
 from labkit.data.prepare import derive_splits
 from labkit.data.reading import file_sha256
@@ -220,7 +220,7 @@ def final(run_id_or_dir: str | Path, root: Path, reopen: bool = False, why: str 
         PermissionError: the test split was already opened and reopen is False.
         DataError: the data changed since the run (re-derived rows do not match the manifest's sha256).
     """
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)  # not actionable
+    quiet_unactionable()
     run = R.find_run(str(run_id_or_dir), Path(root))
     why = (why or "").strip() or None
     if reopen and not why:

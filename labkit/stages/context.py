@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from labkit.core import runs as R
 from labkit.core.device import on_cuda
 from labkit.core.environment import capture
 from labkit.core.heartbeat import start_heartbeat
-from labkit.core.kernel import log_libraries_to, plain_bars
+from labkit.core.kernel import log_libraries_to, plain_bars, quiet_unactionable
 from labkit.core.listing import LATEST, latest_completed, openable_text, stages_done
 from labkit.core.protocol import pin_card, read_pins
 from labkit.core.run_card import complete, resolved_card
@@ -188,7 +187,7 @@ def _quiet_batch() -> None:
     """Plain-text progress bars under `labkit run` (widgets do not survive in archived notebooks), written to stdout
     (stderr renders as an error-coloured block in an archived notebook; `labkit.core.kernel.plain_bars`), and no
     library-internal deprecation noise a user cannot act on."""
-    warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    quiet_unactionable()
     if os.environ.get("LABKIT_BATCH") == "1":
         plain_bars()
 
