@@ -108,6 +108,9 @@ SIZES = {
             "partial_rotary_factor": 0.5, "vocab": 600, "template": False, "special": ["<|endoftext|>"],
             "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>"), "tie_word_embeddings": False},
     "qwen3": {"arch": "Qwen3", **_LLAMA, "head_dim": 32, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
+    # a mixture of experts (Qwen3-30B-A3B's shape): 4 experts of which 2 run per token, fused in 3-D expert tensors
+    "qwen3moe": {"arch": "Qwen3Moe", **_LLAMA, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,
+                 "num_experts_per_tok": 2, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
     "gemma2": {"arch": "Gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32,
                "sliding_window": 64, "vocab": 600, "template": GEMMA, "add_bos": True, "stops": ["<end_of_turn>"],

@@ -71,14 +71,29 @@ class CompletionSFTTrainer(CountedBatches, SFTTrainer):
             return (hidden[:, :-1][scored].unsqueeze(0),) + tuple(args[1:])
 
         handle = head.register_forward_pre_hook(gather_scored)
+        router = {"output_router_logits": True} if getattr(self, "aux_loss_enabled", False) else {}
         try:
             outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, labels=labels,
                             shift_labels=shifted[scored].unsqueeze(0), num_items_in_batch=num_items_in_batch,
-                            use_cache=False)
+                            use_cache=False, **router)
         finally:
             handle.remove()
-        loss = outputs.loss
+        loss, aux = outputs.loss, getattr(outputs, "aux_loss", None) if router else None
+        if aux is not None:  # the model's forward added its load-balancing term to its loss: weighted below as TRL does
+            loss = loss - _forward_coefficient(self.accelerator.unwrap_model(model), self.router_aux_loss_coef) * aux
         # as TRL's path: with num_items_in_batch counting every rank's tokens, DDP's gradient average is undone
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * self.accelerator.num_processes
+        if aux is not None:  # a mixture of experts' load-balancing loss, a per-micro-batch mean: averaged over the
+            # accumulated micro-batches (as in TRL's path) and, by DDP's gradient average, over the ranks
+            steps = self.current_gradient_accumulation_steps if num_items_in_batch is not None else 1
+            loss = loss + self.router_aux_loss_coef * aux / steps
         return (loss, outputs) if return_outputs else loss
+
+
+def _forward_coefficient(model: Any, default: float) -> float:
+    """The load-balancing coefficient a mixture of experts' forward adds its aux loss with (set when the model was
+    built; TRL's `router_aux_loss_coef` only reaches its config)."""
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    coef = getattr(model, "router_aux_loss_coef", None)
+    return default if coef is None else float(coef)
