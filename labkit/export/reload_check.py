@@ -31,6 +31,7 @@ Writes EXPORT_DIR/reload_check.json; exit code 0 when it passes, 1 when it does 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,9 +119,7 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
          "while_merged": what `while_merged` returned}.
     """
     device = next(model.parameters()).device
-    worst = scale = 0.0
-    weights = called = None
-    first = True
+    worst, scale, weights, called, first = 0.0, 0.0, None, None, True
     with torch.no_grad():
         for rows in batches:
             whole_ids, whole_mask = _prompt_batch(tokenizer, card, rows)
@@ -151,23 +150,23 @@ def merged_vs_unmerged(model: Any, tokenizer: Any, card: Any, batches: list[list
 
 
 def merged_tensors(model: Any) -> dict[str, Any]:
-    """A PeftModel's tensors under the names `merge_and_unload` would give them (views, no copies).
-
-    The LoRA layers' `base_layer` weights hold the merge when the adapter is merged in place; the adapter's tensors
-    and the originals of `modules_to_save` are left out, the trained copies of `modules_to_save` take their names.
+    """A PeftModel's tensors under the names `merge_and_unload` would give them: the LoRA layers' `base_layer` weights
+    hold the merge when the adapter is merged in place; the adapter's tensors and the originals of `modules_to_save`
+    are left out, the trained copies of `modules_to_save` take their names.
 
     Args:
         model: a peft PeftModel.
     Returns:
-        {name as `save_pretrained` writes it (Gemma 3's `model.language_model.*` as `language_model.model.*`): tensor}.
+        {name as `save_pretrained` writes it (Gemma 3's `model.language_model.*` as `language_model.model.*`, an MoE's
+         fused experts as one tensor per expert): tensor}.
     """
     adapter = model.active_adapter
     out = {}
     for name, tensor in model.get_base_model().state_dict(keep_vars=True).items():
         if ".lora_" in name or ".original_module." in name or ".trainable_tokens_" in name:
             continue
-        # a trainable-tokens wrapper (ChatML's rows) holds the base weight under token_adapter.base_layer
-        out[name.replace(".token_adapter.", ".").replace(".base_layer.", ".")
+        # base_layer: one per LoRA wrapper (nested per adapted parameter of an MoE's experts; ChatML rows' token_adapter)
+        out[re.sub(r"\.base_layer(?=\.)", "", name.replace(".token_adapter.", "."))
             .replace(f".modules_to_save.{adapter}.", ".")] = tensor
     return revert_weight_conversion(model.get_base_model(), out)  # as save_pretrained names them on disk
 

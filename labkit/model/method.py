@@ -265,22 +265,39 @@ def _dtype_name(param: Any) -> str:
 
 
 def matched_modules(model: Any) -> list[dict[str, Any]]:
-    """Which module kinds carry LoRA adapters (or are fully trainable), and in how many layers.
+    """Which module kinds carry LoRA adapters (or are fully trainable), and in how many layers: the linear layers, and
+    a mixture of experts' fused expert weights (3-D, one matrix per expert) and any other weight PEFT adapts as a
+    parameter (its `target_parameters`: the experts, the router's weight under `all-linear`), named
+    `<module>.<parameter>`.
 
     Returns:
-        rows {"module", "layers", "adapted"} per linear module kind.
+        rows {"module", "layers", "adapted"} per module kind.
     """
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {"layers": 0, "adapted": 0})
+    weights: dict[str, bool] = {}  # "<module>.<parameter>" -> adapted, for weights that are not a Linear's
     for name, module in model.named_modules():
-        if type(module).__name__ not in {"Linear", "Linear4bit", "Embedding"} or ".lora_" in name or "modules_to_save" in name:
+        if ".lora_" in name or "modules_to_save" in name:
             continue
-        if name.endswith(".base_layer"):
-            continue
-        kind = re.sub(r"^.*?(layers|h|blocks)\.\d+\.", "", name.replace("base_model.model.", ""))
-        counts[kind]["layers"] += 1
-        adapted = hasattr(module, "lora_A") or any(p.requires_grad for p in module.parameters())
-        counts[kind]["adapted"] += int(adapted)
+        where, kind = name.replace(".base_layer", ""), type(module).__name__
+        if kind == "ParamWrapper":  # PEFT's LoRA on a parameter (it wraps the module that owns it)
+            weights[f"{where}.{module.parameter_name}"] = True
+        elif kind in {"Linear", "Linear4bit", "Embedding"} and not name.endswith(".base_layer"):
+            counts[_kind(where)]["layers"] += 1
+            counts[_kind(where)]["adapted"] += int(hasattr(module, "lora_A") or any(p.requires_grad for p in module.parameters()))
+        elif kind not in {"Linear", "Linear4bit", "Embedding"}:
+            for pname, param in module.named_parameters(recurse=False):
+                if param.dim() == 3:  # fused experts (transformers 5): not nn.Linear, adapted by PEFT as parameters
+                    weights[f"{where}.{pname}"] = weights.get(f"{where}.{pname}", False) or param.requires_grad
+    for where, adapted in weights.items():
+        counts[_kind(where)]["layers"] += 1
+        counts[_kind(where)]["adapted"] += int(adapted)
     return [{"module": k, **v} for k, v in sorted(counts.items())]
+
+
+def _kind(name: str) -> str:
+    """A module's kind: its name without the PEFT prefix and the layer number (model.layers.3.mlp.experts →
+    mlp.experts)."""
+    return re.sub(r"^.*?(layers|h|blocks)\.\d+\.", "", name.replace("base_model.model.", ""))
 
 
 def trainable_names(model: Any) -> list[str]:

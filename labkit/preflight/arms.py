@@ -11,7 +11,9 @@
 
 Dropout is off in every arm (`no_dropout`): the arms of a comparison draw their random masks over different
 batch shapes and orders, so with dropout on (LoRA's `lora_dropout`, a model's residual dropout) they could never
-agree; what is compared is the arithmetic of accumulation and checkpointing, not the masks.
+agree; what is compared is the arithmetic of accumulation and checkpointing, not the masks. For the same reason the
+accumulation arms leave out a mixture of experts' load-balancing loss (`load_balancing`), a statistic of each
+micro-batch's routing.
 
 Skipped steps: accelerate's `optimizer_step_was_skipped` misses a skip by a fused optimizer (the default
 `adamw_torch_fused`: `GradScaler.step` hands it `found_inf` and the optimizer skips inside its own `step`), so a
@@ -40,6 +42,10 @@ from labkit.preflight.measure import PeakMemory, trim
 from labkit.preflight.sizing import arm_bytes, not_measurable
 from labkit.train.trainer import build_trainer
 
+# a mixture of experts' load-balancing loss is a statistic of each micro-batch's routing: it differs between one batch
+# and its micro-batches by design (TRL averages it over them), so the accumulation arms leave it out
+LOAD_BALANCING_NOTE = ("the load-balancing (router aux) loss is off in both arms: computed per micro-batch from its own "
+                       "routing, it differs from one large batch's by design; training keeps it, at coefficient {coef:g}")
 # steps the fp16 loss scaler may skip (halving its scale from 2^16 each time) before a check counts the gradients as
 # inf/NaN at every scale; a healthy fp16 run skips a few at the start
 SCALER_SKIPS = 10
@@ -164,29 +170,58 @@ def no_dropout(model: Any) -> Iterator[int]:
             setattr(module, name, value)
 
 
+def load_balancing(card: Card, model: Any) -> str | None:
+    """Why an arm trains without the router's load-balancing loss (`LOAD_BALANCING_NOTE`): an SFT card on a mixture of
+    experts whose coefficient TRL takes from its config (non-zero); None otherwise."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    coef = getattr(config, "router_aux_loss_coef", 0.0) or 0.0
+    moe = hasattr(config, "output_router_logits") and coef != 0.0
+    return LOAD_BALANCING_NOTE.format(coef=coef) if moe and card.train.trainer == "sft" else None
+
+
+@contextmanager
+def router_config_kept(model: Any) -> Iterator[None]:
+    """A mixture of experts' router settings (`output_router_logits`, `router_aux_loss_coef`), which TRL's SFTTrainer
+    writes into the model's text config when it is built, as they were before the block."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    saved = {k: getattr(config, k) for k in ("output_router_logits", "router_aux_loss_coef") if hasattr(config, k)}
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
 def one_update(card: Card, make_model: Callable[[], Any], tokenizer: Any, data: Any, device: str,
-               measure: bool = False, **overrides: Any) -> dict[str, Any]:
+               measure: bool = False, balance: bool = True, **overrides: Any) -> dict[str, Any]:
     """One optimiser step really taken by the stage-04 trainer: the gradients before it (unscaled) and its loss.
 
     Steps the fp16 loss scaler skips leave the weights and optimiser as they were, and the data is one step's worth
-    (the next step repeats it), so the step taken is the step from the initial weights on the same batch.
+    (the next step repeats it), so the step taken is the step from the initial weights on the same batch. With
+    `balance` False a mixture of experts' load-balancing loss is left out (`load_balancing`).
 
     Returns:
-        {"grads" (None when no step was taken), "loss", "memory" (with `measure`), "skipped_steps", "nonfinite"}.
+        {"grads" (None when no step was taken), "loss", "memory" (with `measure`), "skipped_steps", "nonfinite",
+         "load_balancing" (why the router's load-balancing loss was left out, with `balance` False; else None)}.
     """
     model = make_model()
-    trainer = build_trainer(card, model, tokenizer, data, Path(tempfile.mkdtemp(prefix="labkit-check-")), device=device,
-                            max_steps=1 + SCALER_SKIPS, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1,
-                            max_grad_norm=0.0, train_sampling_strategy="sequential", disable_tqdm=True, **overrides)
-    record = StepRecord(trainer, steps=1, keep_grads=True)
-    peak = PeakMemory(device) if measure else None  # it sets the allocator for exact figures, which slows a CPU step
-    with no_dropout(model), peak or contextlib.nullcontext():
-        trainer.train()
+    balancing = None if balance else load_balancing(card, model)
+    if balancing:
+        overrides = {**overrides, "router_aux_loss_coef": 0.0}
+    with router_config_kept(model):  # an override of TRL's router_aux_loss_coef lands in the (shared) model's config
+        trainer = build_trainer(card, model, tokenizer, data, Path(tempfile.mkdtemp(prefix="labkit-check-")),
+                                device=device, max_steps=1 + SCALER_SKIPS, lr_scheduler_type="constant", warmup_steps=0,
+                                logging_steps=1, max_grad_norm=0.0, train_sampling_strategy="sequential",
+                                disable_tqdm=True, **overrides)
+        record = StepRecord(trainer, steps=1, keep_grads=True)
+        peak = PeakMemory(device) if measure else None  # it sets the allocator for exact figures: a slower CPU step
+        with no_dropout(model), peak or contextlib.nullcontext():
+            trainer.train()
     taken = [s for s in record.steps_run if not s["skipped"]]
     loss = (taken or record.steps_run or [{"loss": float("nan")}])[-1]["loss"]
     return {"grads": record.grads, "loss": float("nan") if loss is None else float(loss),
             "memory": peak.as_dict() if peak else None, "skipped_steps": record.skipped,
-            "nonfinite": record.nonfinite()}
+            "nonfinite": record.nonfinite(), "load_balancing": balancing}
 
 
 def out_of_memory(error: BaseException) -> bool:

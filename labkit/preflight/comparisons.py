@@ -32,7 +32,6 @@ from labkit.train.trainer import to_dataset
 ORPO_NOTE = ("TRL's ORPOTrainer averages its NLL term over each micro-batch's tokens, so accumulation differs from one "
              "large batch; orpo cards train without accumulation (train.grad_accum: 1), which this does not affect")
 
-
 def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
                         encoded: list[Any] | None = None) -> tuple[Any, list[int]]:
     """The trainer's dataset of `rows` and, per row, the tokens its loss term averages over.
@@ -141,7 +140,7 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
     note = ORPO_NOTE if card.train.trainer == "orpo" else None
     base = {"tolerance": tol, "note": note, "trainer": card.train.trainer, "loss_normalisation":
             card.train.loss_normalisation, "micro_batch": m, "accum": k, "free_bytes": free_bytes,
-            "needed_bytes": {}, "skipped_steps": {}, "tokens_per_micro_batch": []}
+            "needed_bytes": {}, "skipped_steps": {}, "tokens_per_micro_batch": [], "load_balancing": None}
     if note is not None and skip_ignored:
         return _skipped_accumulation(base, f"not run: its result is ignored ({note})")
     if len(rows) < m * k:
@@ -158,12 +157,13 @@ def accumulation_check(card: Card, make_model: Callable[[], Any], tokenizer: Any
         size = {"config": config, "free_bytes": free_bytes, "seq_len": seq_len, "micro_batch": batch,
                 "checkpointing": None, "loss_fraction": loss_fraction}
         with task(f"accumulation check: arm {len(arms) + 1}/2, {what}"):
-            arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size,
+            arms[arm] = run_arm(card, make_model, tokenizer, data, device, what, size, balance=False,
                                 per_device_train_batch_size=batch, gradient_accumulation_steps=steps)
         base["needed_bytes"][arm] = arms[arm]["needed_bytes"]
         if "not_measurable" in arms[arm]:
             return _skipped_accumulation(base, arms[arm]["not_measurable"])
         base["skipped_steps"][arm] = arms[arm]["skipped_steps"]
+        base["load_balancing"] = arms[arm]["load_balancing"]
     whole, accumulated = arms["whole"], arms["accumulated"]
     rel, worst = _compared(whole, accumulated)
     nonfinite = [f"one batch of {m * k}: {x}" for x in whole["nonfinite"]] + \
@@ -245,6 +245,7 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
                     "loss_checkpointed": None, "relative_difference": None, "worst_tensor": "",
                     "memory_plain_bytes": None, "memory_checkpointed_bytes": None, "memory_method": ""}  # type: ignore
         base["skipped_steps"][arm] = arms[arm]["skipped_steps"]
+        base["load_balancing"] = arms[arm]["load_balancing"]
     plain, ckpt = arms["plain"], arms["checkpointed"]
     rel, worst = _compared(plain, ckpt)
     loss_rel = abs(plain["loss"] - ckpt["loss"]) / max(abs(plain["loss"]), 1e-12)

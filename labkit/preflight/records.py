@@ -203,6 +203,7 @@ class AccumulationCheck(TypedDict):
     micro_batch: int
     accum: int
     tokens_per_micro_batch: list[int]
+    load_balancing: str | None  # why a mixture of experts' router aux loss is off in both arms (None: not one)
     loss_whole: float | None
     loss_accumulated: float | None
 
