@@ -273,7 +273,8 @@ def resume_run(run_id: str, root: Path, nb_dir: Path, log: Callable[[str], None]
 
 
 def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[LoadedCard]:
-    """Load and check every card before any run starts (a bad card creates no run folder).
+    """Load and check every card before any run starts (a bad card, or a method that does not apply to its model,
+    creates no run folder).
 
     Args:
         paths: the card files.
@@ -281,9 +282,12 @@ def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[Loade
     Returns:
         the loaded cards.
     """
+    from labkit.preflight.sizing import check_method  # the model's config on the meta device: torch, a run's import
+
     cards = [load_card(p) for p in paths]
     for loaded in cards:
         check_card(loaded, root(loaded))
+        check_method(loaded)
     return cards
 
 

@@ -158,7 +158,8 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     Returns:
         the trainable model (a PeftModel for lora/qlora).
     Raises:
-        MethodError: target modules match nothing, or a module to save does not exist.
+        MethodError: target modules match nothing, a module to save does not exist, or LoRA dropout on a mixture of
+            experts' fused expert weights (PEFT refuses it).
     """
     method = card.method
     if method.kind == "full":
@@ -176,12 +177,18 @@ def apply_method(model: Any, card: Card, meta: bool = False) -> Any:
     missing = [m for m in method.modules_to_save if m not in names]
     if missing:
         raise MethodError(f"method.modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ in {"Linear", "Linear4bit"}})
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as exc:
-        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if type(m).__name__ in {"Linear", "Linear4bit"}})
-        raise MethodError(f"method.target_modules {targets!r}: {str(exc).splitlines()[0]} "
-                          f"(linear modules of this model: {', '.join(linear)})") from None
+        said = str(exc).splitlines()[0]
+        if "ParamWrapper does not work with lora_dropout" in said:  # LoRA on a parameter: a mixture of experts' experts
+            raise MethodError(f"method.dropout: {method.dropout:g} with target_modules {targets!r}, which reaches this "
+                              "mixture of experts' fused expert weights: PEFT's LoRA on a weight that is not a layer "
+                              "takes no dropout; set method.dropout: 0, or name the attention's layers only (e.g. "
+                              "[q_proj, k_proj, v_proj, o_proj])") from None
+        raise MethodError(f"method.target_modules {targets!r}: {said} (linear modules of this model: "
+                          f"{', '.join(linear)})") from None
     _expose_head_bias(wrapped)
     if sharded_loading() == "fsdp":
         rank0_buffers(wrapped)

@@ -25,9 +25,10 @@ from typing import Any
 
 from transformers import AutoConfig, PretrainedConfig
 
+from labkit.card.load import LoadedCard
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, on_cuda
-from labkit.errors import CardError, ModelSourceError
+from labkit.errors import CardError, MethodError, ModelSourceError
 from labkit.model.placement import decide
 from labkit.model.sources import parse_source, resolve
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
@@ -190,6 +191,34 @@ def estimate_config(card: Card, card_path: Path, config_path: str | None = None)
     resolved = resolve(card.model.source, card.model.revision, base=card_path.parent)
     config: PretrainedConfig = AutoConfig.from_pretrained(resolved.location, **resolved.from_pretrained_kwargs())
     return config
+
+
+def check_method(loaded: LoadedCard) -> bool:
+    """The card's method applied to its model's config on the meta device (no weights, no download): a target that
+    matches nothing, a module to save that does not exist or a setting PEFT refuses on this model stops a run before
+    stage 01 spends anything, in one line naming the key's file and line.
+
+    Args:
+        loaded: the loaded card.
+    Returns:
+        whether it was checked: a `pypi:` or `.gguf` source (converted when stage 01 loads it) or a hub model whose
+        config is not on this machine yet is checked when stage 03 applies the method.
+    Raises:
+        MethodError: the method does not apply (`labkit.model.method.apply_method`'s message, prefixed by `file:line`).
+    """
+    card = loaded.card
+    if parse_source(card.model.source)["kind"] not in ("hf", "local", "tiny"):
+        return False
+    try:
+        config = estimate_config(card, loaded.path)
+    except (ModelSourceError, OSError, ValueError):
+        return False
+    try:
+        meta_model(config, card)
+    except MethodError as exc:
+        key = str(exc).split(":", 1)[0].split(" ", 1)[0]  # "method.target_modules ['x']: …" → method.target_modules
+        raise MethodError(f"{loaded.where(key)}: {exc}") from None
+    return True
 
 
 def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1, name: str | None = None) -> DeviceProfile:

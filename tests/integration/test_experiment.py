@@ -113,7 +113,12 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
     seed = _variant(tmp_path, repo, "seed7", train__seed=7,
                     experiment__protocol_change="checking how much the seed alone moves the result")
     assert labkit("run", str(seed), runs=runs).returncode == 0
-    broken = labkit("run", str(_variant(tmp_path, repo, "no-such-modules", method__target_modules=["no_such_proj"])), runs=runs)
+    no_such = _variant(tmp_path, repo, "no-such-modules", method__target_modules=["no_such_proj"])
+    refused = labkit("run", str(no_such), runs=runs)  # the method applied on the meta device before any run folder
+    assert refused.returncode == 2 and f"labkit: error: {no_such}:" in refused.stderr, refused.stderr
+    assert "method.target_modules ['no_such_proj']" in refused.stderr
+    assert not list((runs / "smoke").glob("no-such-modules-*")), "a method that cannot apply must create no run folder"
+    broken = labkit("stage", "parameter_check", str(no_such), runs=runs)  # a stage alone applies it: a failed run
     assert broken.returncode == 2  # MethodError in stage 03: a card that cannot be used, found by a stage
 
     compared = labkit("compare", "smoke", "--resamples", "300", runs=runs)
@@ -141,10 +146,10 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
         assert sum(row["paired"][k] for k in ("wins", "losses", "ties")) == row["intervals"]["n"]
 
     index = (out / "index.html").read_text()
-    for row in comparison["runs"]:
+    for row in comparison["runs"]:  # each run's executed stages as pages (the failed one ran stage 03 alone)
         assert row["run_id"] in index
-        assert (out / "runs" / row["run_id"] / "01_baseline.html").exists()
-    assert (out / "runs" / by_variant["no-such-modules"]["run_id"] / "03_parameter_check.html").exists()
+        first = "03_parameter_check" if row["variant"] == "no-such-modules" else "01_baseline"
+        assert (out / "runs" / row["run_id"] / f"{first}.html").exists()
     assert "Not comparable" in index and "checking how much the seed alone" in index and "no_such_proj" in index
     for image in ("loss_curves.png", "per_category_field_accuracy.png", "per_category_f1.png", "confusion_matrices.png"):
         assert (out / image).stat().st_size > 5000 and f'src="{image}"' in index

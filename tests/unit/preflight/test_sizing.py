@@ -1,24 +1,28 @@
 """Sizing on a GPU from the CPU: margins (CUDA context, fragmentation, DDP buckets, NCCL), paged optimiser states,
 the largest micro-batch that fits, `labkit estimate` on an 8B QLoRA card, offline, and the example cards of other
-architectures (Qwen3 8B, Gemma 2 9B, Gemma 3 4B with its vision tower) as their configs give them."""
+architectures (Qwen3 8B, Gemma 2 9B, Gemma 3 4B with its vision tower) as their configs give them; the card's method
+applied on the meta device before a run (`check_method`)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
 from labkit.card.update import updated
 from labkit.core.device import cpu_profile, load_profile
-from labkit.errors import ModelSourceError
+from labkit.errors import MethodError, ModelSourceError
 from labkit.preflight.memory import GIB, estimate_step
 from labkit.preflight.sizing import (
     CUDA_CONTEXT_GIB,
+    check_method,
     FRAGMENTATION,
     NCCL_GIB,
     estimate_config,
@@ -191,3 +195,33 @@ def test_the_gemma3_example_loads_its_vision_tower_and_adapts_the_text_decoder()
     assert "sliding-window mask" not in full["activation_units_per_token_layer"]  # 384 tokens: inside the window
     assert estimate_step(config, card, 1024, device=A100, padded=False)["activation_units_per_token_layer"][
         "sliding-window mask"] == pytest.approx(1024 * 29 / 34)  # 29 of 34 layers slide (5 of every 6)
+
+
+def _card_file(tmp_path: Path, **method) -> Path:
+    raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    raw["method"].update(method)
+    path = tmp_path / "card.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_the_method_is_checked_on_the_meta_device_before_a_run(tmp_path: Path) -> None:
+    path = _card_file(tmp_path, target_modules=["qkv_proj"])
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "target_modules" in text)
+    with pytest.raises(MethodError, match=rf"^{re.escape(str(path))}:{line}: method.target_modules \['qkv_proj'\]: "
+                                          r".*\(linear modules of this model: down_proj, gate_proj, k_proj, lm_head"):
+        check_method(load_card(path))
+    assert check_method(load_card(_card_file(tmp_path)))  # the smoke card's method applies
+    assert not check_method(load_card(REPO / "params" / "quickstart.yaml"))  # pypi: converted in stage 01, not here
+
+
+def test_lora_dropout_on_a_mixture_of_experts_is_refused_naming_the_key(tmp_path: Path) -> None:
+    path = _card_file(tmp_path, dropout=0.05)
+    raw = yaml.safe_load(path.read_text())
+    raw["model"]["source"] = "tiny:qwen3moe"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1) if "dropout" in text)
+    with pytest.raises(MethodError, match=rf"^{re.escape(str(path))}:{line}: method.dropout: 0.05 with target_modules "
+                                          r"'all-linear', which reaches this mixture of experts' fused expert weights.*"
+                                          r"set method.dropout: 0"):
+        check_method(load_card(path))
