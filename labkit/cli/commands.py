@@ -273,10 +273,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """`labkit estimate CARD --gpu NAME | --gpu-memory GIB [--processes N --machines M --strategy S]`: size a card for
-    a GPU before renting it, per GPU under the card's layout of processes (offline, no weights)."""
+    a GPU before renting it, per GPU under the card's layout of processes (offline, no weights). Exit 1 when the step
+    does not fit, or cannot be estimated (an architecture the estimate does not model: what the config gives is shown)."""
     from labkit.preflight.gpus import gpu_named
     from labkit.preflight.layouts import estimate_layout, layout_of
-    from labkit.show.memory import export_line, layout_lines, step_lines
+    from labkit.show.memory import export_line, layout_lines, step_lines, unmodelled_lines
 
     loaded = load_card(Path(args.card))
     card = loaded.card
@@ -290,6 +291,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     print(f"card: {args.card} ({card.method.kind}, {card.model.source})")
     print(f"device: {got['device']}: weights {made['weight_dtype']}, precision {made['precision']}"
           + (f", 4-bit compute {made['compute_dtype']}" if made["compute_dtype"] else ""))
+    if not est["modelled"]:  # the config gives the weights and states; the step itself is stage 03's to measure
+        lines, over = unmodelled_lines(est, memory)
+        print(f"step at micro-batch {est['micro_batch']}, {got['seq_len']} tokens:\n" + "\n".join(lines))
+        print(f"verdict: does not fit: the weights and optimiser states alone exceed {memory:g} GiB" if over else
+              "verdict: not estimated: run stage 03 on the machine, which measures the step")
+        return 1
     print(f"step at micro-batch {est['micro_batch']}, {got['seq_len']} tokens"
           + (", activation checkpointing" if est["checkpointing"] else "")
           + (", one process holding everything" if layout["id"] != "single" else "") + ":")

@@ -210,10 +210,13 @@ def estimate_layout(card: Card, card_path: Any, gpu_memory_gib: float, capabilit
         layout: from `layout_of` (default: the card's).
     Returns:
         `estimate_card`'s dict with "layout", "per_gpu" (`GpuEstimate`), "layout_verdict" (`FitVerdict`, per GPU),
-        "fitting" (`LayoutFit` or None; only computed when the layout does not fit) and "efficiency" (assumed).
+        "fitting" (`LayoutFit` or None; only computed when the layout does not fit) and "efficiency" (assumed); all
+        None for an architecture the estimate does not model.
     """
     got = estimate_card(card, card_path, gpu_memory_gib, capability, seq_len, config_path, name=name)
     layout = layout or layout_of(card)
+    if got["verdict"] is None:  # not modelled: nothing per GPU to divide
+        return {**got, "layout": layout, "per_gpu": None, "layout_verdict": None, "fitting": None, "efficiency": None}
     config = estimate_config(card, card_path, config_path)
     d = card.distributed
     count = max(layout["per_machine"], d.num_processes // d.num_machines)  # a machine of them, one GPU each

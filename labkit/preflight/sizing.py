@@ -245,7 +245,8 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
         config_path: a config.json to use instead of looking one up.
         name: the GPU's name (`labkit.preflight.gpus.GPUS`), shown in the device line.
     Returns:
-        {"device", "decisions", "seq_len", "estimate", "verdict", "largest_micro_batch": {"plain", "checkpointing"}}.
+        {"device", "decisions", "seq_len", "estimate", "verdict", "largest_micro_batch": {"plain", "checkpointing"}};
+        the last two None for an architecture the estimate does not model.
     """
     d = card.distributed  # a machine of the card's processes (one GPU each)
     profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines), name=name)
@@ -254,6 +255,9 @@ def estimate_card(card: Card, card_path: Path, gpu_memory_gib: float, capability
     seq_len = seq_len or card.data.max_length
     free = gpu_memory_gib * GIB
     est = estimate_step(config, card, seq_len, device=profile)
+    if not est["modelled"]:  # a stand-in step: no verdict, no micro-batch search (`labkit estimate` says so)
+        return {"device": profile.describe(), "decisions": made.as_dict(), "seq_len": seq_len, "estimate": est,
+                "verdict": None, "largest_micro_batch": None}
     return {"device": profile.describe(), "decisions": made.as_dict(), "seq_len": seq_len, "estimate": est,
             "verdict": fit_verdict(config, card, seq_len, free, profile, free_is_total=True),
             "largest_micro_batch": {key: largest_micro_batch(config, card, seq_len, free, profile, ckpt, True)

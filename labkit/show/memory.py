@@ -116,6 +116,38 @@ def step_lines(est: Any, overheads: dict[str, float], needed_bytes: float, gpu_m
     return lines + [f"  (smaller phases: {'; '.join(others)})"] if others else lines
 
 
+def unmodelled_lines(est: Any, gpu_memory_gib: float) -> tuple[list[str], bool]:
+    """`labkit estimate`'s lines for an architecture the estimate does not model: what the config alone gives (the
+    weights, the trainable parameters, the optimiser states), why the step is not estimated, and a mixture of experts'
+    two costs (its fused experts are never 4-bit; LoRA on them keeps a merged copy of each layer's experts).
+
+    Args:
+        est: the `estimate_step` result (`modelled` false).
+        gpu_memory_gib: the GPU's memory.
+    Returns:
+        (the lines, whether the weights and optimiser states alone already exceed the GPU).
+    """
+    known = {k: est["breakdown"][k] for k in ("weights_frozen", "weights_4bit", "trainable_parameters",
+                                              "optimizer_states") if est["breakdown"][k]}
+    total = sum(known.values())
+    lines = [f"  {label(k):<32} {v / GIB:8.2f} GiB" for k, v in known.items()]
+    lines.append(f"  {'weights and optimiser states':<32} {total / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
+    lines.append(f"  the step's activations: not estimated: {est['note']}")
+    experts, layers = est["experts"], est["shape"]["layers"]
+    if experts["parameters"] and est["breakdown"]["weights_4bit"]:
+        lines.append(f"  qlora: the {experts['parameters'] / 1e9:.2f} B fused expert weights stay in "
+                     f"{8 * experts['bytes_per_weight']}-bit ({experts['parameters'] * experts['bytes_per_weight'] / GIB:.2f}"
+                     " GiB of the frozen weights): bitsandbytes quantises Linear layers, and these are 3-D parameters"
+                     + ("; PEFT's k-bit preparation upcasts them (method.quantisation.upcast: norms keeps them 16-bit)"
+                        if experts["bytes_per_weight"] == 4 else ""))
+    if experts["parameters"] and experts["adapted"]:
+        each = experts["parameters"] / layers * experts["bytes_per_weight"]
+        lines.append(f"  LoRA on the fused experts keeps a merged copy of each layer's expert weights for the backward: "
+                     f"{each / GIB:.2f} GiB per layer, {each * layers / GIB:.2f} GiB over {layers} layers without "
+                     "activation checkpointing (method.target_modules without the experts avoids it)")
+    return lines, total > gpu_memory_gib * GIB
+
+
 def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: str, config_path: str | None,
                 sized: dict[str, Any]) -> str:
     """`labkit estimate`'s line on the export: its peak (16-bit merge and reload check) beside training's.

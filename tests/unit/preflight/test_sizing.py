@@ -5,6 +5,7 @@ applied on the meta device before a run (`check_method`)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -225,3 +226,38 @@ def test_lora_dropout_on_a_mixture_of_experts_is_refused_naming_the_key(tmp_path
                                           r"'all-linear', which reaches this mixture of experts' fused expert weights.*"
                                           r"set method.dropout: 0"):
         check_method(load_card(path))
+
+
+# Qwen3-30B-A3B's published config.json (the sizes that matter): 48 layers of 128 fused experts, 8 per token
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "num_experts": 128, "num_experts_per_tok": 8, "vocab_size": 151936, "tie_word_embeddings": False,
+                 "router_aux_loss_coef": 0.001, "torch_dtype": "bfloat16"}
+
+
+def test_labkit_estimate_on_a_mixture_of_experts_says_what_it_cannot_estimate(tmp_path: Path, capsys) -> None:
+    """The step of an architecture the estimate does not model is not estimated (never a Llama-shaped stand-in):
+    the config's weights and states are shown, and a mixture of experts' own costs — its fused experts are never
+    4-bit, and LoRA on them keeps a merged copy of each layer's experts for the backward."""
+    from labkit.cli.main import main
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(QWEN3_30B_A3B))
+    raw = yaml.safe_load((REPO / "params" / "examples" / "qwen3-8b-lora.yaml").read_text())
+    raw.update(parent=str(REPO / "params" / "quickstart.yaml"))
+    raw["model"]["source"] = "hf:Qwen/Qwen3-30B-A3B"
+    raw["method"]["dropout"] = 0.0  # PEFT's LoRA on the experts takes none
+    for kind, memory in (("lora", "80"), ("qlora", "80")):
+        raw["method"]["kind"] = kind
+        card = tmp_path / f"{kind}.yaml"
+        card.write_text(yaml.safe_dump(raw, sort_keys=False))
+        assert main(["estimate", str(card), "--gpu-memory", memory, "--config", str(config)]) == 1
+        out = capsys.readouterr().out
+        assert "does not model the qwen3_moe architecture" in out and "largest phase" not in out
+        assert ("LoRA on the fused experts keeps a merged copy of each layer's expert weights for the backward: "
+                f"{1.12 if kind == 'lora' else 2.25:.2f} GiB per layer") in out  # 128 × (2048 × 1536 + 768 × 2048)
+        if kind == "lora":  # 30.5 B bfloat16 weights: what remains for the step is not estimated
+            assert "weights (frozen)                    56.87 GiB" in out and "verdict: not estimated" in out
+        else:  # the experts are not 4-bit, and k-bit preparation upcasts them to float32: 108 GiB
+            assert "qlora: the 28.99 B fused expert weights stay in 32-bit (108.00 GiB" in out
+            assert "verdict: does not fit: the weights and optimiser states alone exceed 80 GiB" in out
