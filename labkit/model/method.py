@@ -293,7 +293,7 @@ def matched_modules(model: Any) -> list[dict[str, Any]]:
             counts[_kind(where)]["adapted"] += int(hasattr(module, "lora_A") or any(p.requires_grad for p in module.parameters()))
         elif kind not in {"Linear", "Linear4bit", "Embedding"}:
             for pname, param in module.named_parameters(recurse=False):
-                if param.dim() == 3:  # fused experts (transformers 5): not nn.Linear, adapted by PEFT as parameters
+                if param.dim() == 3 and where.endswith(".experts"):  # fused experts (transformers 5): not Linear
                     weights[f"{where}.{pname}"] = weights.get(f"{where}.{pname}", False) or param.requires_grad
     for where, adapted in weights.items():
         counts[_kind(where)]["layers"] += 1

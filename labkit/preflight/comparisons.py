@@ -32,6 +32,7 @@ from labkit.train.trainer import to_dataset
 ORPO_NOTE = ("TRL's ORPOTrainer averages its NLL term over each micro-batch's tokens, so accumulation differs from one "
              "large batch; orpo cards train without accumulation (train.grad_accum: 1), which this does not affect")
 
+
 def _dataset_and_tokens(tokenizer: Any, card: Card, rows: list[dict[str, Any]],
                         encoded: list[Any] | None = None) -> tuple[Any, list[int]]:
     """The trainer's dataset of `rows` and, per row, the tokens its loss term averages over.
@@ -245,7 +246,6 @@ def checkpointing_check(card: Card, make_model: Callable[[], Any], tokenizer: An
                     "loss_checkpointed": None, "relative_difference": None, "worst_tensor": "",
                     "memory_plain_bytes": None, "memory_checkpointed_bytes": None, "memory_method": ""}  # type: ignore
         base["skipped_steps"][arm] = arms[arm]["skipped_steps"]
-        base["load_balancing"] = arms[arm]["load_balancing"]
     plain, ckpt = arms["plain"], arms["checkpointed"]
     rel, worst = _compared(plain, ckpt)
     loss_rel = abs(plain["loss"] - ckpt["loss"]) / max(abs(plain["loss"]), 1e-12)

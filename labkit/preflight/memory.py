@@ -157,7 +157,7 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
     norms_trainable = head_trainable = tokens_trained = False
     for name, param in model.named_parameters():
         short = name.replace("base_model.model.", "").replace(".base_layer", "")
-        experts += param.numel() if param.dim() == 3 and not param.requires_grad else 0  # an MoE's fused experts
+        experts += param.numel() if ".experts." in short and param.dim() == 3 and not param.requires_grad else 0
         if param.requires_grad:
             trainable += param.numel()
             tokens_trained = tokens_trained or "trainable_tokens_delta" in short
