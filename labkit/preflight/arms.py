@@ -39,6 +39,7 @@ from transformers import TrainerCallback
 from labkit.card.schema import Card
 from labkit.core.device import on_cuda
 from labkit.preflight.measure import PeakMemory, trim
+from labkit.preflight.memory import text_config
 from labkit.preflight.sizing import arm_bytes, not_measurable
 from labkit.train.trainer import build_trainer
 
@@ -170,14 +171,10 @@ def no_dropout(model: Any) -> Iterator[int]:
             setattr(module, name, value)
 
 
-def _text_config(model: Any) -> Any:
-    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-
-
 def load_balancing(card: Card, model: Any) -> str | None:
     """Why an arm trains without the router's load-balancing loss (`LOAD_BALANCING_NOTE`): an SFT card on a mixture of
     experts whose coefficient TRL takes from its config (non-zero); None otherwise."""
-    config = _text_config(model)
+    config = text_config(model.config)
     coef = getattr(config, "router_aux_loss_coef", 0.0) or 0.0
     moe = hasattr(config, "output_router_logits") and coef != 0.0
     return LOAD_BALANCING_NOTE.format(coef=coef) if moe and card.train.trainer == "sft" else None
@@ -187,7 +184,7 @@ def load_balancing(card: Card, model: Any) -> str | None:
 def router_config_kept(model: Any) -> Iterator[None]:
     """A mixture of experts' router settings (`output_router_logits`, `router_aux_loss_coef`), which TRL's SFTTrainer
     writes into the model's text config when it is built, as they were before the block."""
-    config = _text_config(model)
+    config = text_config(model.config)
     saved = {k: getattr(config, k) for k in ("output_router_logits", "router_aux_loss_coef") if hasattr(config, k)}
     try:
         yield

@@ -146,18 +146,18 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
     Returns:
         {"frozen_bytes", "quantised_bytes", "trainable", "trainable_bytes", "adapted" (the text decoder's adapted or
          fully trained linears), "head_trainable", "norms_trainable", "tokens_trained" (peft's trainable ChatML rows,
-         `labkit.model.method.trainable_tokens`), "experts" (frozen fused-expert weights), "experts_adapted"}.
+         `labkit.model.method.trainable_tokens`), "experts" (an MoE's frozen fused experts: {"parameters", "bytes",
+         "adapted" (LoRA on them)})}.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quantised = _quantised_names(base) if card.method.kind == "qlora" else set()
     outside = towers(base)  # a vision tower's adapters cost weights and states, not text activations
     q = getattr(card.method, "quantisation", None)
-    frozen_all = frozen_norms = quant = trainable = trainable_bytes = experts = 0
+    frozen_all = frozen_norms = quant = trainable = trainable_bytes = experts = expert_bytes = 0
     adapted: set[str] = set()
     norms_trainable = head_trainable = tokens_trained = False
     for name, param in model.named_parameters():
         short = name.replace("base_model.model.", "").replace(".base_layer", "")
-        experts += param.numel() if ".experts." in short and param.dim() == 3 and not param.requires_grad else 0
         if param.requires_grad:
             trainable += param.numel()
             tokens_trained = tokens_trained or "trainable_tokens_delta" in short
@@ -182,12 +182,15 @@ def parameter_bytes(model: Any, card: Card, dtype_bytes: int) -> dict[str, Any]:
             qlora = card.method.kind == "qlora"
             frozen_all += param.numel() * (4 if qlora else dtype_bytes)
             frozen_norms += param.numel() * (4 if qlora and "norm" in short else dtype_bytes)
+            if ".experts." in short and param.dim() == 3:  # an MoE's fused experts: never 4-bit (not Linear layers)
+                experts += param.numel()
+                expert_bytes += param.numel() * (4 if qlora and (q is None or q.upcast != "norms") else dtype_bytes)
     frozen = frozen_norms if q is not None and q.upcast == "norms" else frozen_all
     return {"frozen_bytes": frozen, "frozen_bytes_upcast": {"all": frozen_all, "norms": frozen_norms},
             "quantised_bytes": quant, "trainable": trainable, "trainable_bytes": trainable_bytes,
             "adapted": sorted(adapted), "head_trainable": head_trainable, "norms_trainable": norms_trainable,
-            "tokens_trained": tokens_trained, "experts": experts,  # never 4-bit: bitsandbytes quantises Linear layers
-            "experts_adapted": any(type(m).__name__ == "ParamWrapper" for m in model.modules())}
+            "tokens_trained": tokens_trained, "experts": {"parameters": experts, "bytes": expert_bytes, "adapted": any(
+                type(m).__name__ == "ParamWrapper" and m.get_param().dim() == 3 for m in model.modules())}}
 
 
 def optimiser_bytes(params: dict[str, Any], optimizer: str) -> float:
@@ -317,10 +320,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
             "breakdown": breakdown, "phases": phases, "phase_terms": parts, "weights_bytes": weights, "step_bytes": step,
             "peak_bytes": weights + step,
             "trainer": card.train.trainer, "rows": rows, "unfused_logits_bytes": 3 * tokens * shape.vocab * 4,
-            "experts": {"parameters": params["experts"], "adapted": params["experts_adapted"],  # k-bit prep upcasts
-                        "bytes_per_weight": 4 if card.method.kind == "qlora" and getattr(card.method.quantisation,
-                                                                                     "upcast", "all") == "all"
-                        else _BYTES[dtype]}}
+            "experts": params["experts"]}
 
 
 def estimate_generation(config: Any, card: Card, prompt_len: int, device: str = "cpu",

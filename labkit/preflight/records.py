@@ -56,7 +56,7 @@ class MemoryEstimate(TypedDict):
     trainer: str
     rows: int
     unfused_logits_bytes: int
-    experts: dict[str, Any]  # a mixture of experts' frozen fused experts: {"parameters", "adapted" (LoRA on them)}
+    experts: dict[str, Any]  # a mixture of experts' frozen fused experts: {"parameters", "bytes", "adapted" (LoRA)}
 
 
 class FitOption(TypedDict):

@@ -88,6 +88,14 @@ def breakdown_rows(estimates: list[MemoryEstimate]) -> list[dict[str, Any]]:
     return rows
 
 
+HELD = ("weights_frozen", "weights_4bit", "trainable_parameters", "optimizer_states")  # beside every phase of a step
+
+
+def _line(term: str, value: float, note: str = "", indent: int = 2) -> str:
+    """One term of `labkit estimate`'s step: its label and GiB, aligned (nested lines indented further)."""
+    return f"{' ' * indent}{label(term):<{34 - indent}} {value / GIB:8.2f} GiB{note}"
+
+
 def step_lines(est: Any, overheads: dict[str, float], needed_bytes: float, gpu_memory_gib: float) -> list[str]:
     """`labkit estimate`'s terms of one GPU's peak, which add up to "needed": the weights, the optimiser states, the
     largest phase's terms, the margins; then the smaller phases in one line.
@@ -102,15 +110,10 @@ def step_lines(est: Any, overheads: dict[str, float], needed_bytes: float, gpu_m
     """
     phases, parts = est["phases"], est["phase_terms"]
     peak = max(phases, key=phases.get)
-
-    def line(term: str, value: float, note: str = "", indent: int = 2) -> str:
-        return f"{' ' * indent}{label(term):<{34 - indent}} {value / GIB:8.2f} GiB{note}"
-
-    lines = [line(k, est["breakdown"][k]) for k in ("weights_frozen", "weights_4bit", "trainable_parameters",
-                                                     "optimizer_states") if est["breakdown"].get(k)]
+    lines = [_line(k, est["breakdown"][k]) for k in HELD if est["breakdown"].get(k)]
     lines.append(f"  largest phase, {label(peak)}:")
-    lines += [line(term, value, indent=4) for term, value in parts[peak].items() if value]
-    lines += [line(term, value, "  (margin)") for term, value in overheads.items()]
+    lines += [_line(term, value, indent=4) for term, value in parts[peak].items() if value]
+    lines += [_line(term, value, "  (margin)") for term, value in overheads.items()]
     lines.append(f"  {'needed':<32} {needed_bytes / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
     others = [f"{label(k)} {v / GIB:.2f} GiB" for k, v in phases.items() if k != peak]
     return lines + [f"  (smaller phases: {'; '.join(others)})"] if others else lines
@@ -127,21 +130,21 @@ def unmodelled_lines(est: Any, gpu_memory_gib: float) -> tuple[list[str], bool]:
     Returns:
         (the lines, whether the weights and optimiser states alone already exceed the GPU).
     """
-    known = {k: est["breakdown"][k] for k in ("weights_frozen", "weights_4bit", "trainable_parameters",
-                                              "optimizer_states") if est["breakdown"][k]}
+    known = {k: est["breakdown"][k] for k in HELD if est["breakdown"][k]}
     total = sum(known.values())
-    lines = [f"  {label(k):<32} {v / GIB:8.2f} GiB" for k, v in known.items()]
+    lines = [_line(k, v) for k, v in known.items()]
     lines.append(f"  {'weights and optimiser states':<32} {total / GIB:8.2f} GiB of {gpu_memory_gib:g} GiB")
     lines.append(f"  the step's activations: not estimated: {est['note']}")
     experts, layers = est["experts"], est["shape"]["layers"]
+    bits = round(8 * experts["bytes"] / experts["parameters"]) if experts["parameters"] else 0
     if experts["parameters"] and est["breakdown"]["weights_4bit"]:
-        lines.append(f"  qlora: the {experts['parameters'] / 1e9:.2f} B fused expert weights stay in "
-                     f"{8 * experts['bytes_per_weight']}-bit ({experts['parameters'] * experts['bytes_per_weight'] / GIB:.2f}"
-                     " GiB of the frozen weights): bitsandbytes quantises Linear layers, and these are 3-D parameters"
-                     + ("; PEFT's k-bit preparation upcasts them (method.quantisation.upcast: norms keeps them 16-bit)"
-                        if experts["bytes_per_weight"] == 4 else ""))
+        lines.append(f"  qlora: the {experts['parameters'] / 1e9:.2f} B fused expert weights stay in {bits}-bit "
+                     f"({experts['bytes'] / GIB:.2f} GiB of the frozen weights): bitsandbytes quantises Linear layers, "
+                     "and these are 3-D parameters" + ("; PEFT's k-bit preparation upcasts them "
+                                                       "(method.quantisation.upcast: norms keeps them 16-bit)"
+                                                       if bits == 32 else ""))
     if experts["parameters"] and experts["adapted"]:
-        each = experts["parameters"] / layers * experts["bytes_per_weight"]
+        each = experts["bytes"] / layers
         lines.append(f"  LoRA on the fused experts keeps a merged copy of each layer's expert weights for the backward: "
                      f"{each / GIB:.2f} GiB per layer, {each * layers / GIB:.2f} GiB over {layers} layers without "
                      "activation checkpointing (method.target_modules without the experts avoids it)")

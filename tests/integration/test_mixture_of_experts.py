@@ -1,13 +1,15 @@
 """A mixture of experts (tiny:qwen3moe, Qwen3-30B-A3B's layout: experts fused in 3-D tensors, a top-k router) through
 what differs from a dense model: PEFT adapts the experts (and the router's weight) as parameters, which stage 03's
 table must show; TRL adds the router's load-balancing loss, a per-micro-batch statistic that the accumulation check
-leaves out; the experts are saved one tensor per expert, which the merged-weights check must name as saved."""
+leaves out; the experts are saved one tensor per expert, which the merged-weights check must name as saved. And what
+`labkit estimate` says of such a model: QLoRA leaves the experts unquantised, LoRA on them keeps merged copies."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from labkit.card.update import updated
@@ -65,3 +67,47 @@ def test_the_merged_experts_are_named_as_saved(moe, moe_card, tmp_path: Path) ->
         saved = set(handle.keys())
     assert "model.layers.0.mlp.experts.3.gate_proj.weight" in saved  # one tensor per expert on disk
     assert saved <= names, sorted(saved - names)[:5]
+
+
+def test_lora_on_the_experts_saves_a_merged_copy_of_them_for_the_backward(moe, moe_card) -> None:
+    """What `labkit estimate` says of LoRA on fused experts: the expert weights autograd keeps for the backward are new
+    tensors (W + BA), not the parameters, whereas frozen experts are kept as the parameters themselves (no copy)."""
+    def kept(card) -> list[bool]:
+        """For each expert-sized tensor the MoE block saves for the backward: is it a parameter (else a new tensor)?"""
+        model = apply_method(load_model(moe, card, "cpu"), card)
+        params = {p.data_ptr() for n, p in model.named_parameters() if ".lora_" not in n}
+        sizes = {p.numel() for n, p in model.named_parameters() if ".experts." in n and p.dim() == 3 and ".lora_" not in n}
+        lora = {p.data_ptr() for n, p in model.named_parameters() if ".lora_" in n}
+        saved: list = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+            model.get_base_model().model.layers[0].mlp(torch.randn(2, 8, model.config.hidden_size, requires_grad=True))
+        return [t.data_ptr() in params for t in saved if t.numel() in sizes and t.data_ptr() not in lora]
+
+    assert kept(updated(moe_card, {"method.target_modules": ["q_proj"]})) == [True, True]  # the parameters themselves
+    assert kept(moe_card) == [False, False]  # all-linear: gate_up_proj's and down_proj's merged copies
+    assert estimate_experts(moe, moe_card)["adapted"] and not estimate_experts(
+        moe, updated(moe_card, {"method.target_modules": ["q_proj"]}))["adapted"]
+
+
+def estimate_experts(moe, card) -> dict:
+    from transformers import AutoConfig
+
+    from labkit.preflight.memory import estimate_step
+
+    return estimate_step(AutoConfig.from_pretrained(moe.location), card, 32)["experts"]
+
+
+def test_qlora_leaves_the_fused_experts_unquantised(moe, moe_card) -> None:
+    """What `labkit estimate` says of QLoRA on an MoE: bitsandbytes makes the Linear layers 4-bit, not the experts'
+    3-D parameters, and the estimate counts them so."""
+    from labkit.card.schema import Qlora
+
+    card = updated(moe_card, {"method": Qlora(kind="qlora", r=4, alpha=8, dropout=0.0)})
+    dtypes = {n: p.dtype for n, p in load_model(moe, card, "cpu").named_parameters()}
+    assert dtypes["model.layers.0.self_attn.q_proj.weight"] == torch.uint8  # 4-bit codes
+    assert dtypes["model.layers.0.mlp.experts.gate_up_proj"] == dtypes["model.layers.0.mlp.experts.down_proj"] \
+        == torch.float32  # the card's dtype, untouched
+    experts = estimate_experts(moe, card)
+    assert experts["parameters"] == sum(p.numel() for n, p in load_model(moe, moe_card, "cpu").named_parameters()
+                                        if n.endswith(("experts.gate_up_proj", "experts.down_proj")))
+    assert experts["bytes"] == 4 * experts["parameters"]  # float32 (k-bit preparation's upcast of what is not 4-bit)
