@@ -213,6 +213,8 @@ class BudgetStop(TrainerCallback):
 class InterruptStop(TrainerCallback):
     """A signal received during training: finish the step, checkpoint, stop (and always a checkpoint at the end).
 
+    The handlers stay from the start of training to its end, or longer while the interruption is `held`.
+
     Args:
         interruption: the `labkit.train.resilience.Interruption` holding the handlers and the signal received.
     """
@@ -226,8 +228,7 @@ class InterruptStop(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
         outer = self.interruption
         outer.step = state.global_step
-        outer.agree()
-        if outer.signal is not None:
+        if outer.agree():  # every process decides on the same all-reduced value
             control.should_save = True
             control.should_training_stop = True
         elif state.max_steps and state.global_step >= state.max_steps:

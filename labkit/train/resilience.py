@@ -15,12 +15,14 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import threading
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -115,43 +117,85 @@ def last_checkpoint(folder: Path, note: Callable[[str], None] | None = print) ->
 class Interruption:
     """Turns SIGTERM / SIGINT during training into: finish the step, checkpoint, stop.
 
+    Under several processes each may get the signal at its own moment (a scheduler signals every process, labkit
+    forwards to each worker one after the other): the processes stop at the step on which they *agree* (`agree`,
+    one all-reduce at each step's end), never on a flag read after it, so no process trains a step the others left.
+
     Attributes:
-        signal: the name of the signal received (None if none).
+        signal: the name of the signal this process received (None if none).
+        stop: whether the processes agreed to stop (at a step's end; read by `InterruptStop`).
         step: the optimiser step at which training stopped.
     """
 
     def __init__(self) -> None:
         self.signal: str | None = None
+        self.stop = False
         self.step = 0
         self._previous: dict[int, Any] = {}
+        self._depth = 0
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self.signal is not None:  # a second signal: stop now
-            self.restore()
+        if self.signal is not None:  # a second signal to this process: stop now
+            self._restore()
             raise KeyboardInterrupt(signal.Signals(signum).name)
         self.signal = signal.Signals(signum).name
-        print(f"labkit: {self.signal} received — finishing this step, writing a checkpoint, then stopping", flush=True)
+        # os.write, not print: the signal may interrupt a print to the same stream (a reentrant call raises)
+        line = f"labkit: {self.signal} received — finishing this step, writing a checkpoint, then stopping\n"
+        try:
+            os.write(1, line.encode())
+        except OSError:
+            pass
 
     def install(self) -> None:
-        """Install the handlers (main thread only; elsewhere signals keep their defaults)."""
+        """Install the handlers (main thread only; elsewhere signals keep their defaults). Nested calls keep the
+        outermost installation: the handlers go when the last matching `restore` runs."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handler)
+        self._depth += 1
+        if self._depth == 1:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handler)
 
     def restore(self) -> None:
+        """Undo one `install` (the previous handlers come back with the outermost one)."""
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            self._restore()
+
+    def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        self._depth = 0
 
-    def agree(self) -> None:
-        """Under several processes, stop all at the same step when any one got the signal."""
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """The handlers installed for a whole block (stage 04's training and what it writes after the last step): a
+        signal after the last step then stops nothing half-written; `labkit run` stops before the next stage."""
+        self.install()
+        try:
+            yield
+        finally:
+            self.restore()
+
+    def agree(self) -> bool:
+        """Whether to stop at this step's end: this process got a signal, or (under several processes) any did.
+
+        The processes decide on the all-reduced value alone: a signal arriving during the all-reduce counts at the
+        next step's end, on every process alike.
+
+        Returns:
+            the decision, also kept in `stop`.
+        """
+        received = self.signal is not None  # read once, before the collective
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            flag = torch.tensor([1.0 if self.signal else 0.0],
-                                device="cuda" if dist.get_backend() == "nccl" else "cpu")
+            flag = torch.tensor([1.0 if received else 0.0], device="cuda" if dist.get_backend() == "nccl" else "cpu")
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and self.signal is None:
-                self.signal = "SIGTERM"
+            received = bool(flag.item())
+        self.stop = self.stop or received
+        return self.stop
 
     def callback(self) -> Any:
         """The TrainerCallback that installs the handlers and stops at a signal (`callbacks.InterruptStop`)."""
@@ -159,8 +203,8 @@ class Interruption:
 
     def report(self, checkpoint_dir: Path, run_id: str) -> str | None:
         """After `trainer.train()`: what stopped training and how to continue (None when no signal did)."""
-        if self.signal is None:
+        if not self.stop:
             return None
         saved = last_checkpoint(checkpoint_dir)
-        return (f"{self.signal} at step {self.step}; checkpoint {Path(saved).name if saved else 'none'} written; "
-                f"continue with: labkit run --resume {run_id}")
+        return (f"{self.signal or 'a signal to another process'} at step {self.step}; checkpoint "
+                f"{Path(saved).name if saved else 'none'} written; continue with: labkit run --resume {run_id}")

@@ -93,6 +93,28 @@ def test_sigterm_under_ddp_checkpoints_every_worker_and_resumes(ddp_run: Path) -
     assert _losses(run) == _losses(ddp_run)
 
 
+def test_a_signal_during_the_stop_agreement_stops_every_process_at_the_same_step(tmp_path: Path) -> None:
+    """Process 0 is signalled while it waits in the agreement's all-reduce at step 1: it must not stop there alone
+    (process 1 would train step 2 and wait for it forever); both stop at step 2, and either can name the cause."""
+    import os
+    import subprocess
+    import sys
+
+    card = load_card(REPO / "params" / "examples" / "ticket-ddp.yaml").card
+    config = tmp_path / "accelerate.yaml"
+    config.write_text(accelerate_config(updated(card, {"distributed.num_processes": 2}), "cpu"))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+                           "--main_process_port", "0", str(REPO / "tests" / "integration" / "ddp_signal.py"),
+                           str(tmp_path)], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [s["decisions"] for s in seen] == [[False, True], [False, True]], seen
+    assert (seen[0]["signal"], seen[1]["signal"]) == ("SIGTERM", None)
+    assert seen[0]["report"].startswith("SIGTERM at step 2") and seen[1]["report"].startswith(
+        "a signal to another process at step 2")
+
+
 def test_two_machines_make_one_run_with_the_one_machine_loss_curve(ddp_run: Path, tmp_path: Path) -> None:
     """Two "machines" on this host (1 CPU process each, rendezvous on 127.0.0.1, one shared runs folder). The head
     alone `labkit run CARD --run-id ID` gives up after LABKIT_JOIN_TIMEOUT with one line naming the machine that
