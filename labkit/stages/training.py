@@ -56,6 +56,16 @@ def train(stage: Stage) -> TrainingOutcome:
     validation = stage.split("validation")
     trainer = build_trainer(card, model, stage.tokenizer, stage.split("train"), stage.path(CHECKPOINTS),
                             eval_rows=validation, device=stage.device, checkpoints=True)
+    # the signal handlers from here until the last file is written: a signal after the last step kills no
+    # process mid-save (the run stops before its next stage instead: labkit.cli.runner)
+    with trainer.labkit_interruption.held():
+        return _train_and_write(stage, trainer, len(validation))
+
+
+def _train_and_write(stage: Stage, trainer: Any, validation_rows: int) -> TrainingOutcome:
+    """Train from the newest checkpoint; rank 0 writes the outcome, the loss history and (unless interrupted) the
+    adapter."""
+    card = stage.card
     resume_from = last_checkpoint(stage.path(CHECKPOINTS))
     if trainer.is_world_process_zero():
         print(f"continuing from {resume_from}" if resume_from else "starting from step 0", flush=True)
@@ -72,7 +82,7 @@ def train(stage: Stage) -> TrainingOutcome:
     outcome["early_stopped"] = bool(card.train.early_stopping and trainer.state.global_step < trainer.state.max_steps
                                     and not outcome["budget_exhausted"] and not interrupted)
     # which checkpoint became the adapter, and why (the metric's value at each evaluation)
-    outcome["early_stopping"] = early_stopping_summary(trainer.state, card, len(validation), outcome["early_stopped"])
+    outcome["early_stopping"] = early_stopping_summary(trainer.state, card, validation_rows, outcome["early_stopped"])
     adapter_dir = stage.path(ADAPTER)
     if not outcome["interrupted"]:  # every rank: under FSDP / ZeRO-3 the state is gathered collectively (rank 0 writes)
         trainer.save_model(str(adapter_dir))
