@@ -100,15 +100,17 @@ def _execute(run: R.Run, stages: tuple[str, ...], nb_dir: Path, log: Callable[[s
     try:
         with Signals(run) as signals:
             for i, stage in enumerate(stages, 1):
-                signals.stage = stage
                 log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} …")
-                seconds = execute_stage(run, stage, nb_dir, log)
+                with signals.during(stage):  # a stage that ended in an error after a signal passed on: interrupted
+                    seconds = execute_stage(run, stage, nb_dir, log)
                 timings[stage] = round(seconds, 1)
                 log(f"  [{i}/{len(stages)}] {R.NOTEBOOKS[stage]:<28} done in {seconds:6.1f} s")
                 mirror_safely(run)
+                signals.check_between(stages[i] if i < len(stages) else None)
     except StageInterrupted as exc:
         R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc), timings=timings)
         mirror_safely(run, final=True)
+        log(f"interrupted: {exc}")
         raise KeyboardInterrupt(str(exc)) from None
     except StageFailed as exc:
         R.record(run, "failed", status="failed", stage=stage, error=str(exc), timings=timings)

@@ -110,6 +110,29 @@ def test_sigterm_checkpoints_and_marks_interrupted(reference: Path) -> None:
     assert _curve(run) == _curve(reference)
 
 
+def test_sigterm_after_the_last_step_stops_the_run_before_the_comparison(reference: Path) -> None:
+    """The signal comes once training has written its outcome: nothing is left to checkpoint, but the run must stop
+    (recorded interrupted, never failed, never carried on into stage 05) and resume where it stopped."""
+    run = _rewind_to_training(reference, "tiny-lora-terminated-late")
+    proc = _start_resume(run)
+    outcome = run / "training" / "outcome.json"
+    deadline = time.monotonic() + 300
+    while not outcome.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "interrupted" and "comparison" not in status["stages"], status
+    assert status["stages"]["training"]["status"] in ("done", "interrupted"), status  # the stage, or its kernel, ended
+    assert "SIGTERM during stage training" in status["error"] and f"labkit run --resume {run.name}" in status["error"]
+    assert "interrupted: SIGTERM during stage training" in out
+    resumed = labkit("run", "--resume", run.name, runs=run.parent.parent)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert _curve(run) == _curve(reference) and _predictions(run) == _predictions(reference)
+
+
 def test_dead_batch_run_is_shown_interrupted_and_live_one_is_not(tmp_path: Path) -> None:
     loaded = load_card(REPO / "params" / "smoke.yaml")
     root = tmp_path / "runs"
