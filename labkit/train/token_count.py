@@ -117,9 +117,14 @@ class TokenCount(TrainerCallback):
 
 class CountedBatches:
     """Mixed into a transformers Trainer: each optimiser step's micro-batches are counted by its `TokenCount`
-    callback (when it has one) as they are fetched."""
+    callback (when it has one) as they are fetched; none are fetched once the trainer has reached `max_steps`."""
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
+        state = self.state  # type: ignore[attr-defined]
+        if 0 < state.max_steps <= state.global_step:
+            # resumed from the last step's checkpoint: transformers' loop checks max_steps after a step, not before
+            # the first, and would train one step past it; no batches, no step
+            return [], None
         start = time.perf_counter()
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
         counter = _counter(self)

@@ -60,3 +60,28 @@ def test_qlora_training_on_the_cpu_is_the_same_with_and_without_validation_passe
     plain = _qlora_losses(card, tiny_model, rows, tmp_path / "plain", evaluate=False)
     evaluated = _qlora_losses(card, tiny_model, rows, tmp_path / "evaluated", evaluate=True)
     assert len(plain) == 4 and plain == evaluated
+
+
+def _trainable(trainer) -> dict:
+    return {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+def test_resuming_from_the_last_steps_checkpoint_trains_no_further_step(tmp_path: Path, tiny_model) -> None:
+    """max_steps ends mid-epoch (4 of 8 batches): transformers' loop would fetch the next batch and train step 5 on
+    resume (it checks max_steps after a step), so a run resumed after its final checkpoint would differ from itself."""
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"train.max_steps": 4})
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()][:32]
+    tokenizer = load_tokenizer(tiny_model, card)
+
+    def trainer():
+        model = apply_method(load_model(tiny_model, card, "cpu"), card)
+        return build_trainer(card, model, tokenizer, rows, tmp_path, device="cpu", checkpoints=True, disable_tqdm=True)
+
+    first = trainer()
+    first.train()
+    assert first.state.global_step == 4 and (tmp_path / "checkpoint-4").is_dir()
+    resumed = trainer()
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert resumed.state.global_step == 4 and not (tmp_path / "checkpoint-5").exists()
+    before, after = _trainable(first), _trainable(resumed)
+    assert before.keys() == after.keys() and all(bool((before[k] == after[k]).all()) for k in before)
