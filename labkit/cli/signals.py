@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from datetime import datetime, timezone
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 from labkit.core import runs as R
-from labkit.stages.records import OUTCOME
+from labkit.core.io import utc_seconds
 from labkit.errors import StageInterrupted
+from labkit.stages.records import OUTCOME
 
 
 class Signals:
@@ -94,7 +94,6 @@ def _trained(run: R.Run, started: str) -> bool:
     an earlier attempt's is older)."""
     outcome = run.dir / "training" / OUTCOME
     try:
-        since = datetime.strptime(started, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
-        return outcome.stat().st_mtime >= since
+        return outcome.stat().st_mtime >= utc_seconds(started)
     except (OSError, ValueError):
         return False

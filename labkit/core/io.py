@@ -20,9 +20,23 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 
 
+STAMP = "%Y-%m-%dT%H:%M:%SZ"  # the registry's and status.json's times
+
+
 def utc_now() -> str:
     """Current UTC time, ISO 8601 with seconds."""
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(timezone.utc).strftime(STAMP)
+
+
+def utc_seconds(stamp: str) -> float:
+    """Seconds since the epoch of a `utc_now` time.
+
+    Args:
+        stamp: the time as `utc_now` writes it.
+    Returns:
+        the seconds. Raises ValueError on another format.
+    """
+    return datetime.strptime(stamp, STAMP).replace(tzinfo=timezone.utc).timestamp()
 
 
 _FIX = {errno.ENOSPC: "free disk space (or set LABKIT_RUNS to a folder on a larger disk)",

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,6 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def _time(stamp: str) -> float:
-    """Seconds since the epoch of a registry time (ISO 8601, UTC, whole seconds)."""
-    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc).timestamp()
 
 
 def _device(env: dict[str, Any]) -> str:
@@ -93,8 +87,8 @@ def _run_measures(run_dir: Path, events: list[dict[str, Any]]) -> dict[str, Any]
         m["train_how"] = f"{trained[2]}: {trained[0]:.1f} s / {trained[1]} steps"
         if "training" in m:
             m["train_setup"] = max(0.0, m["training"] - trained[0])
-    opened = {e.get("opening"): _time(e["time"]) for e in events if e.get("event") == "test_opened"}
-    finals = [_time(e["time"]) - opened[e.get("opening")] for e in events
+    opened = {e.get("opening"): io.utc_seconds(e["time"]) for e in events if e.get("event") == "test_opened"}
+    finals = [io.utc_seconds(e["time"]) - opened[e.get("opening")] for e in events
               if e.get("event") == "test_evaluated" and e.get("opening") in opened]
     if finals:  # labkit final: test split opened → base and tuned model evaluated on it
         m["final"] = statistics.median(finals)
@@ -153,7 +147,7 @@ def _one_machine(measures: dict[str, dict[str, Any]], events: list[dict[str, Any
     latest: dict[str, float] = {}
     for e in events:
         if e.get("run_id") in measures:
-            latest[e["run_id"]] = max(latest.get(e["run_id"], 0.0), _time(e["time"]))
+            latest[e["run_id"]] = max(latest.get(e["run_id"], 0.0), io.utc_seconds(e["time"]))
     kept = max(machines, key=lambda d: (len(machines[d]), max(latest.get(r, 0.0) for r in machines[d])))
     left = [f"{r} ({d})" for d, runs in machines.items() if d != kept for r in runs]
     note = (f"the runs were measured on {len(machines)} machines: the plan uses the {len(machines[kept])} run(s) on "
