@@ -71,9 +71,8 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                 kernel_name="python3", cwd=str(nb_dir), progress_bar=False, log_output=False,
                                 # the kernel's own log lines (transport warnings) would drown the progress lines;
                                 # everything the notebook prints or raises is kept in the executed notebook
-                                extra_arguments=["--IPKernelApp.log_level=CRITICAL",
-                                                 # plain-text bars, library logs to the run's log: before
-                                                 # the first cell imports a library
+                                extra_arguments=["--IPKernelApp.log_level=CRITICAL",  # then plain-text bars,
+                                                 # library logs to the run's log: before the first cell imports one
                                                  f"--IPKernelApp.exec_lines={start_line(run.dir, stage)}"])
     except pm.PapermillExecutionError as exc:
         seconds = stage_seconds(run.dir, stage) or time.monotonic() - start  # as `labkit runs --follow` prints it
@@ -296,7 +295,7 @@ def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[Loade
 def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, nb_dir: Path,
                restart_training: bool = False) -> R.Run:
     """Run one stage of a card, into an existing run folder or a new one; the run then ends `completed` (this stage
-    done) or `failed` with its error, never left `running`.
+    done), `failed` with its error or `interrupted` (SIGTERM / Ctrl-C, handled as `labkit run` does), never `running`.
 
     Returns:
         the Run.
@@ -324,10 +323,12 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
     beating = start_heartbeat(run.dir)
     apply_env(mirror_safely(run))
     try:
-        seconds = execute_stage(run, stage, nb_dir)
+        with Signals(run) as signals, signals.during(stage):  # as in `labkit run`: training checkpoints and stops
+            seconds = execute_stage(run, stage, nb_dir)
     except StageInterrupted as exc:
         R.record(run, "interrupted", status="interrupted", stage=stage, error=str(exc))
-        raise
+        print(f"interrupted: {exc}", file=sys.stderr)
+        raise KeyboardInterrupt(str(exc)) from None
     except StageFailed as exc:
         R.record(run, "failed", status="failed", stage=stage, error=str(exc))
         raise

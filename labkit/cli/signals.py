@@ -1,4 +1,5 @@
-"""SIGTERM / Ctrl-C while `labkit run` executes a stage: passed on to the training stage, else the run stops."""
+"""SIGTERM / Ctrl-C while `labkit run` or `labkit stage` executes a stage: passed on to the training stage, else
+the run stops."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from labkit.stages.records import OUTCOME
 
 
 class Signals:
-    """SIGTERM / Ctrl-C while `labkit run` executes a stage.
+    """SIGTERM / Ctrl-C while `labkit run` or `labkit stage` executes a stage.
 
     During training the signal is passed on to the stage's kernel, which finishes its step, writes a
     checkpoint and stops (the stage then fails with TrainingInterrupted, recorded as interrupted);

@@ -133,6 +133,29 @@ def test_sigterm_after_the_last_step_stops_the_run_before_the_comparison(referen
     assert _curve(run) == _curve(reference) and _predictions(run) == _predictions(reference)
 
 
+def test_sigterm_during_labkit_stage_training_checkpoints_and_the_stage_continues(reference: Path) -> None:
+    """`labkit stage training` handles the signal as `labkit run` does (it used to die at once, exit -15, and leave
+    the run `running` with no checkpoint of the step); the same command then continues from that checkpoint."""
+    run = _rewind_to_training(reference, "tiny-lora-stage-terminated")
+    command = [sys.executable, "-m", "labkit", "stage", "training", str(run / "card.yaml"), "--run", str(run)]
+    proc = subprocess.Popen(command, cwd=REPO, env={**os.environ, "LABKIT_RUNS": str(run.parent.parent)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_checkpoint(run, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out + err
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "interrupted" and status["stages"]["training"]["status"] == "interrupted", status
+    step = int(status["stages"]["training"]["error"].split("SIGTERM at step ")[1].split(";")[0])
+    assert (run / "training" / "trainer" / f"checkpoint-{step}" / "trainer_state.json").exists()
+    assert "interrupted: stage training" in err
+    again = labkit("stage", "training", str(run / "card.yaml"), "--run", str(run), runs=run.parent.parent)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"continuing from {run / 'training' / 'trainer'}" in (run / "notebooks" / "04_training.ipynb").read_text()
+    assert _curve(run) == _curve(reference)
+    assert json.loads((run / "status.json").read_text())["status"] == "completed"
+
+
 def test_dead_batch_run_is_shown_interrupted_and_live_one_is_not(tmp_path: Path) -> None:
     loaded = load_card(REPO / "params" / "smoke.yaml")
     root = tmp_path / "runs"
