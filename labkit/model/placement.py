@@ -18,7 +18,9 @@ refusal is tested on a CPU with recorded profiles of a T4, a 2×T4 box, an A100,
 - the architecture (`for_architecture`, once the model's config is read): a kernel the architecture's transformers
   class has no implementation of (Gemma 2 and gpt-oss have no sdpa: softcapping, attention sinks) becomes eager
   attention under `auto` and is refused when the card names it; Phi (model_type `phi`) in float16 gets eager attention
-  with float32 scores (`labkit.model.attention`), or a refusal of a fused kernel naming bf16 / fp32.
+  with float32 scores (`labkit.model.attention`), or a refusal of a fused kernel naming bf16 / fp32; a model whose
+  activations overflow float16 (`FP16_RANGE`: Gemma 3, 3n and 4, gpt-oss, Qwen3.5, Qwen3-MoE, GLM-4-MoE) is refused
+  any float16 (fp16 precision, float16 weights or 4-bit compute), in one line naming the keys to set to float32.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ PACK_TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 _PRECISION_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 # architectures whose attention scores overflow float16 (Phi-1/1.5/2: transformers issues 28163, 28673)
 FP16_OVERFLOW = ("phi",)
+# architectures whose activations or gradients pass float16's range (65504) elsewhere too, so any float16 computation
+# turns losses and gradients NaN: Gemma 3's activations reach ~8e5 (transformers issue 39972), Gemma 3n's and gpt-oss's
+# overflow alike, Qwen3.5's gated delta-net layers, and Gemma 4's, Qwen3-MoE's and GLM-4-MoE's backward along the
+# residual stream — the model types Unsloth never trains in float16 (unsloth-zoo's FORCE_FLOAT32, PR 866)
+FP16_RANGE = ("gemma3", "gemma3_text", "gemma3n", "gemma3n_text", "gemma4", "gemma4_text", "gpt_oss", "qwen3_5",
+              "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_moe", "glm4_moe", "glm4_moe_lite")
 
 
 def _sm80(profile: DeviceProfile) -> bool:
@@ -243,6 +251,8 @@ def for_architecture(made: Decisions, card: Card, model_type: str | None) -> Dec
             flash_attention_2 or flex_attention named for Phi in float16, in one line naming bf16 / fp32.
     """
     made = _implemented(made, card, model_type)
+    if model_type in FP16_RANGE:
+        _refuse_float16(made, card, model_type)
     float16 = "fp16" if made.precision == "fp16" else "float16" if "float16" in (made.weight_dtype,
                                                                                   made.compute_dtype) else None
     if model_type not in FP16_OVERFLOW or float16 is None or made.attention == FP32_SCORES:
@@ -257,6 +267,25 @@ def for_architecture(made: Decisions, card: Card, model_type: str | None) -> Dec
             "overflow float16 in sdpa / flash / flex; bf16 or fp32 would not need it")
     return replace(made, attention=FP32_SCORES, packing="block_mask" if made.packing else None,
                    notes=(*made.notes, note))
+
+
+def _refuse_float16(made: Decisions, card: Card, model_type: str) -> None:
+    """Refuse float16 anywhere in the step (precision, weights, 4-bit compute) for a model type in `FP16_RANGE`: one
+    line naming each key that gives float16 (as written, or what `auto` gives on this device) and its float32 value."""
+    quantisation = getattr(card.method, "quantisation", None)  # qlora's
+    given = [(key, value, here, wanted) for key, value, here, wanted, used in (
+        ("train.precision", card.train.precision, "fp16", "fp32", made.precision == "fp16"),
+        ("model.dtype", card.model.dtype, "float16", "float32", made.weight_dtype == "float16"),
+        ("method.quantisation.compute_dtype", quantisation and quantisation.compute_dtype, "float16", "float32",
+         made.compute_dtype == "float16")) if used]
+    if not given:
+        return
+    keys = ", ".join(f"{key}: {value}" + (f" ({here} here)" if value == "auto" else "") for key, value, here, _
+                     in given)
+    fix = ", ".join(f"{key}: {wanted}" for key, _, _, wanted in given)
+    raise CardError(f"{keys}: {model_type} overflows float16 (activations or gradients past 65504: NaN losses and "
+                    f"gradients, and a baseline scored on NaN logits); set {fix} (float32: slower, more activation "
+                    "memory), or train in bf16 on a GPU of compute capability ≥ 8.0 (L4, A10G, A100, H100)")
 
 
 def _implemented(made: Decisions, card: Card, model_type: str | None) -> Decisions:

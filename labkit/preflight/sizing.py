@@ -20,6 +20,7 @@ margins above. The margins are stated assumptions, not measurements (docs/gpu.md
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,8 @@ from labkit.card.load import LoadedCard
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, on_cuda
 from labkit.errors import CardError, MethodError, ModelSourceError
-from labkit.model.placement import decide
+from labkit.model.loading import decisions
+from labkit.model.placement import decide, for_architecture
 from labkit.model.sources import parse_source, resolve
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
 from labkit.preflight.records import FitVerdict, MemoryEstimate
@@ -196,7 +198,8 @@ def estimate_config(card: Card, card_path: Path, config_path: str | None = None)
 def check_method(loaded: LoadedCard) -> bool:
     """The card's method applied to its model's config on the meta device (no weights, no download): a target that
     matches nothing, a module to save that does not exist or a setting PEFT refuses on this model stops a run before
-    stage 01 spends anything, in one line naming the key's file and line.
+    stage 01 spends anything, in one line naming the key's file and line; so does a precision or attention this
+    machine cannot train the architecture in (`labkit.model.placement.for_architecture`: Gemma 3 in float16 on a T4).
 
     Args:
         loaded: the loaded card.
@@ -205,6 +208,7 @@ def check_method(loaded: LoadedCard) -> bool:
         config is not on this machine yet is checked when stage 03 applies the method.
     Raises:
         MethodError: the method does not apply (`labkit.model.method.apply_method`'s message, prefixed by `file:line`).
+        CardError: the decisions for this machine and architecture refuse a key (its message, prefixed alike).
     """
     card = loaded.card
     if parse_source(card.model.source)["kind"] not in ("hf", "local", "tiny"):
@@ -218,6 +222,12 @@ def check_method(loaded: LoadedCard) -> bool:
     except MethodError as exc:
         key = str(exc).split(":", 1)[0].split(" ", 1)[0]  # "method.target_modules ['x']: …" → method.target_modules
         raise MethodError(f"{loaded.where(key)}: {exc}") from None
+    try:
+        for_architecture(decisions(card), card, getattr(config, "model_type", None))
+    except CardError as exc:
+        key = str(exc).split(":", 1)[0]  # "train.precision: auto (fp16 here), …" → train.precision
+        where = f"{loaded.where(key)}: " if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", key) else ""
+        raise CardError(f"{where}{exc}") from None
     return True
 
 
