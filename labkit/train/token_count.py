@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import EarlyStoppingCallback, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from labkit.data.prompting import IGNORE
@@ -117,13 +117,15 @@ class TokenCount(TrainerCallback):
 
 class CountedBatches:
     """Mixed into a transformers Trainer: each optimiser step's micro-batches are counted by its `TokenCount`
-    callback (when it has one) as they are fetched; none are fetched once the trainer has reached `max_steps`."""
+    callback (when it has one) as they are fetched; none are fetched once the trainer has reached `max_steps`, or once
+    its early stopping has run out of patience."""
 
     def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Any:
         state = self.state  # type: ignore[attr-defined]
-        if 0 < state.max_steps <= state.global_step:
-            # resumed from the last step's checkpoint: transformers' loop checks max_steps after a step, not before
-            # the first, and would train one step past it; no batches, no step
+        if 0 < state.max_steps <= state.global_step or _out_of_patience(self):
+            # resumed from the checkpoint of the step that ended training: transformers' loop checks max_steps after a
+            # step, not before the first, and clears early stopping's stop when training begins, so it would train on
+            # (one step past max_steps, or to the next evaluation); no batches, no step
             return [], None
         start = time.perf_counter()
         batches, items = super().get_batch_samples(epoch_iterator, num_batches, device)  # type: ignore[misc]
@@ -131,6 +133,12 @@ class CountedBatches:
         if counter is not None and batches:
             counter.add(batches, self.accelerator, start)  # type: ignore[attr-defined]
         return batches, items
+
+
+def _out_of_patience(trainer: Any) -> bool:
+    """Whether the trainer's early stopping (restored from a checkpoint) has already stopped training."""
+    return any(isinstance(c, EarlyStoppingCallback) and c.early_stopping_patience_counter >= c.early_stopping_patience
+               for c in trainer.callback_handler.callbacks)
 
 
 def _counter(trainer: Any) -> TokenCount | None:

@@ -85,3 +85,29 @@ def test_resuming_from_the_last_steps_checkpoint_trains_no_further_step(tmp_path
     assert resumed.state.global_step == 4 and not (tmp_path / "checkpoint-5").exists()
     before, after = _trainable(first), _trainable(resumed)
     assert before.keys() == after.keys() and all(bool((before[k] == after[k]).all()) for k in before)
+
+
+def test_resuming_a_run_that_stopped_early_trains_no_further_step(tmp_path: Path, tiny_model) -> None:
+    """Early stopping ended training at step 2 (checkpoint-2 holds the patience counter that stopped it); a process
+    killed before stage 04 ended resumes from there. transformers clears the stop on `on_train_begin`, so the resumed
+    run trained on to the next evaluation (step 3, a new checkpoint, perhaps a new best) instead of stopping."""
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "train.max_steps": 16, "train.eval_steps": 1,
+        "train.early_stopping": EarlyStopping(patience=1, min_delta=100.0)})  # no evaluation counts as better
+    rows = [r for r in D.map_fields(card.data, D.load_source(card.data)[0]) if r["input"].strip()]
+    tokenizer = load_tokenizer(tiny_model, card)
+
+    def trainer():
+        model = apply_method(load_model(tiny_model, card, "cpu"), card)
+        return build_trainer(card, model, tokenizer, rows[:32], tmp_path, eval_rows=rows[32:36], device="cpu",
+                             checkpoints=True, disable_tqdm=True)
+
+    first = trainer()
+    first.train()
+    assert first.state.global_step == 2 and (tmp_path / "checkpoint-2").is_dir(), "stopped at the second evaluation"
+    resumed = trainer()
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert resumed.state.global_step == 2 and not (tmp_path / "checkpoint-3").exists()
+    assert [e["step"] for e in resumed.state.log_history if "eval_loss" in e] == [1, 2]
+    before, after = _trainable(first), _trainable(resumed)  # both the best checkpoint's (step 1), loaded at the end
+    assert before.keys() == after.keys() and all(bool((before[k] == after[k]).all()) for k in before)
