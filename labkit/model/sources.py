@@ -195,6 +195,27 @@ def _from_gguf_file(gguf: Path, source: str, kind: str, extra: dict[str, Any]) -
     return ResolvedModel(source=source, kind=kind, location=str(out), revision=revision, details=details)
 
 
+def converted_before(source: str) -> Path | None:
+    """The folder this machine converted a `pypi:` source's GGUF into at an earlier run, found without fetching,
+    extracting, hashing or converting anything (and not verified: `resolve` does that before anything loads).
+
+    Args:
+        source: the card's model.source.
+    Returns:
+        the converted folder (it has a config.json), or None: another kind of source, or not converted yet here.
+    """
+    parts = parse_source(source)
+    if parts["kind"] != "pypi":
+        return None
+    sidecar = (cache_dir() / "pypi" / f"{parts['pkg']}-{parts['ver']}" / parts["file"]).with_suffix(".sha256")
+    try:
+        digest = str(json.loads(sidecar.read_text())["sha256"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    out = cache_dir() / "converted" / digest[:16]
+    return out if (out / "config.json").is_file() else None
+
+
 def resolve(source: str, expected_revision: str | None = None, base: Path | None = None) -> ResolvedModel:
     """Resolve a model source to a loadable location and its exact revision (fetching once).
 

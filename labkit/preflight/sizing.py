@@ -32,7 +32,7 @@ from labkit.core.device import DeviceProfile, on_cuda
 from labkit.errors import CardError, MethodError, ModelSourceError
 from labkit.model.loading import decisions
 from labkit.model.placement import decide, for_architecture
-from labkit.model.sources import parse_source, resolve
+from labkit.model.sources import converted_before, parse_source, resolve
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
 from labkit.preflight.records import FitVerdict, MemoryEstimate
 
@@ -204,17 +204,19 @@ def check_method(loaded: LoadedCard) -> bool:
     Args:
         loaded: the loaded card.
     Returns:
-        whether it was checked: a `pypi:` or `.gguf` source (converted when stage 01 loads it) or a hub model whose
-        config is not on this machine yet is checked when stage 03 applies the method.
+        whether it was checked: a `.gguf` file, a `pypi:` source this machine has not converted yet (stage 01 converts
+        it) or a hub model whose config is not on this machine yet is checked when stage 03 applies the method.
     Raises:
         MethodError: the method does not apply (`labkit.model.method.apply_method`'s message, prefixed by `file:line`).
         CardError: the decisions for this machine and architecture refuse a key (its message, prefixed alike).
     """
     card = loaded.card
-    if parse_source(card.model.source)["kind"] not in ("hf", "local", "tiny"):
+    kind, converted = parse_source(card.model.source)["kind"], converted_before(card.model.source)
+    if kind not in ("hf", "local", "tiny") and converted is None:
         return False
     try:
-        config = estimate_config(card, loaded.path)
+        config = (AutoConfig.from_pretrained(converted) if converted is not None
+                  else estimate_config(card, loaded.path))
     except (ModelSourceError, OSError, ValueError):
         return False
     try:

