@@ -153,7 +153,12 @@ def test_sigterm_during_labkit_stage_training_checkpoints_and_the_stage_continue
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"continuing from {run / 'training' / 'trainer'}" in (run / "notebooks" / "04_training.ipynb").read_text()
     assert _curve(run) == _curve(reference)
-    assert json.loads((run / "status.json").read_text())["status"] == "completed"
+    assert json.loads((run / "status.json").read_text())["status"] == "completed"  # this stage done
+    # the rest as `labkit run --resume` continues it (the run, a copy of the reference, is then one like it, which the
+    # tests that compare this session's smoke runs read)
+    finished = labkit("run", "--resume", run.name, runs=run.parent.parent)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert _predictions(run) == _predictions(reference)
 
 
 def test_dead_batch_run_is_shown_interrupted_and_live_one_is_not(tmp_path: Path) -> None:
