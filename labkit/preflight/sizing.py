@@ -20,7 +20,6 @@ margins above. The margins are stated assumptions, not measurements (docs/gpu.md
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +210,8 @@ def check_method(loaded: LoadedCard) -> bool:
         CardError: the decisions for this machine and architecture refuse a key (its message, prefixed alike).
     """
     card = loaded.card
-    kind, converted = parse_source(card.model.source)["kind"], converted_before(card.model.source)
-    if kind not in ("hf", "local", "tiny") and converted is None:
+    converted = converted_before(card.model.source)
+    if converted is None and parse_source(card.model.source)["kind"] not in ("hf", "local", "tiny"):
         return False
     try:
         config = (AutoConfig.from_pretrained(converted) if converted is not None
@@ -221,15 +220,10 @@ def check_method(loaded: LoadedCard) -> bool:
         return False
     try:
         meta_model(config, card)
-    except MethodError as exc:
-        key = str(exc).split(":", 1)[0].split(" ", 1)[0]  # "method.target_modules ['x']: …" → method.target_modules
-        raise MethodError(f"{loaded.where(key)}: {exc}") from None
-    try:
         for_architecture(decisions(card), card, getattr(config, "model_type", None))
-    except CardError as exc:
-        key = str(exc).split(":", 1)[0]  # "train.precision: auto (fp16 here), …" → train.precision
-        where = f"{loaded.where(key)}: " if re.fullmatch(r"[a-z_]+(\.[a-z_]+)+", key) else ""
-        raise CardError(f"{where}{exc}") from None
+    except (MethodError, CardError) as exc:  # each message opens with its key: "method.target_modules ['x']: …"
+        key = str(exc).split(":", 1)[0].split(" ", 1)[0]
+        raise type(exc)(f"{loaded.where(key)}: {exc}") from None
     return True
 
 
