@@ -253,7 +253,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     quiet_libraries()  # its lines and the reload check's phases, not the libraries' bars and warnings
     result = export(args.run, _root(args), merged=args.merged, out=Path(args.out) if args.out else None,
-                    sample=args.sample, device=args.device, memory_gib=getattr(args, "memory", None))
+                    sample=args.sample, device=args.device, memory_gib=getattr(args, "memory", None),
+                    dtype=getattr(args, "dtype", None))
     print(f"exported {result['run_id']} to {result['export_dir']}: reload check passed "
           f"({reload_summary(result['reload_check'])})")
     return 0

@@ -39,6 +39,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--sample", type=int, help="reload check on the first N evaluation batches only (default: all)")
     parser.add_argument("--device", help="device of the merge and the reload check (default: cpu unless the run used CUDA)")
     parser.add_argument("--memory", type=float, metavar="GIB", help="memory the export may use (default: the device's free memory)")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                        help="dtype of the merge and merged/ (default: the 4-bit compute dtype for qlora, else the "
+                        "training weights'); a 16-bit merge of a float32 run halves its memory")
     parser.set_defaults(func=commands.cmd_export)
 
 

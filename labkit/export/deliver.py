@@ -8,13 +8,15 @@ Writes `<run>/export/` (or `--out DIR`):
                  (the evaluation's greedy decoding and stop list: labkit.export.snippet); `model/` instead for
                  method full
   merged/        with --merged: the adapter merged into the base it learned against (the dequantised 4-bit weights
-                 for qlora), in the export dtype (16-bit on a GPU), on the training device (labkit.export.merge)
+                 for qlora), in the export dtype (16-bit on a GPU; --dtype another), on the training device
+                 (labkit.export.merge)
   README.md      the model card (labkit.export.model_card); results.json, limits.json, card.yaml, export.json
   reload_check.json   the reload check run in a fresh process (labkit.export.reload_check)
   merged_vs_adapter.json   the merged model's scores on the checked validation rows beside the adapter's
 
 Before any model is loaded, the export's memory (labkit.preflight.export_memory) is stated and compared with the
-device's free memory; an export that would not fit is refused with both numbers (ExportRefused).
+device's free memory; an export that would not fit is refused with both numbers (ExportRefused), naming the
+16-bit --dtype that would fit when a float32 merge does not.
 
 The export is built in a temporary folder and renamed into place, then checked; a failed check
 leaves it on disk, marked failed in reload_check.json, and raises ExportCheckFailed. Nothing exported names a path
@@ -147,7 +149,8 @@ def run_reload_check(export_dir: Path, run_dir: Path, sample: int | None = None,
 
 
 def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Path | None = None,
-           sample: int | None = None, device: str | None = None, memory_gib: float | None = None) -> dict[str, Any]:
+           sample: int | None = None, device: str | None = None, memory_gib: float | None = None,
+           dtype: str | None = None) -> dict[str, Any]:
     """Export a completed run and check the export in a fresh process.
 
     Args:
@@ -158,12 +161,15 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         sample: reload check on the first N evaluation batches only (None: all).
         device: device of the merge and the reload check (None: cpu unless the run used CUDA).
         memory_gib: memory available to the export (None: the device's free memory, read before it starts).
+        dtype: the dtype of the merge and merged/ ("bfloat16", "float16", "float32"; None: the run's 4-bit compute
+            dtype for qlora, else its weights' dtype: `labkit.preflight.export_memory.export_dtype`).
     Returns:
         {"export_dir", "run_id", "ok", "reload_check", "merged", "method", "publishable" (`check_publishable`: "ok",
         "why", "base", "revision", "paths")}; the publish line (labkit.export.publish.publish_advice) went to stderr.
     Raises:
         ExportRefused: the run cannot be exported (not completed, invalid, no weights, no evaluation), or the 16-bit
-            merge and reload check would not fit in the device's free memory (one line with both numbers).
+            merge and reload check would not fit in the device's free memory (one line with both numbers, and a
+            16-bit `dtype` that would fit), or float16 asked for an architecture that overflows it.
         ExportCheckFailed: the reload check failed (the export stays on disk, marked failed).
     """
     run = R.find_run(str(run_id_or_dir), Path(root))
@@ -176,9 +182,10 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
     base = base_model_info(resolved, status.get("card_hash", loaded.hash), run.run_id, card_dir)
     method = card.method.kind
     weights = "model" if method == "full" else "adapter"
-    if merged and method == "full":
-        print("labkit: --merged ignored: method full exports the whole trained model (model/)", file=sys.stderr)
-        merged = False
+    if (merged or dtype) and method == "full":
+        print("labkit: --merged and --dtype ignored: method full exports the whole trained model (model/), as trained",
+              file=sys.stderr)
+        merged, dtype = False, None
     out = Path(out).resolve() if out else run.dir / "export"
     if out.exists() and any(out.iterdir()) and not (out / "export.json").exists():
         raise ExportRefused(f"cannot export {run.run_id} into {out}: the folder exists and is not a labkit export — choose another --out")
@@ -192,10 +199,11 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         tokenizer, generation = save_tokenizer_and_generation(run.dir / "training" / "adapter", card, resolved,
                                                               tmp / weights, max_new)
         need = ensure_fits(resolved, resolved_card(card, run.dir), longest_prompt(run, card, tokenizer), device,
-                           None if memory_gib is None else memory_gib * 1024**3)
+                           None if memory_gib is None else memory_gib * 1024**3, dtype=dtype)
         print(f"labkit: export on {device} in {need['dtype']}: needs {need['peak_bytes'] / 1024**3:.2f} GiB "
               f"({need['phase']} phase) of {need['available_bytes'] / 1024**3:.2f} GiB free", file=sys.stderr)
-        merged_dtype = merge_to(tmp / weights, tmp / "merged", resolved, card, tokenizer, base, device) if merged else None
+        merged_dtype = merge_to(tmp / weights, tmp / "merged", resolved, card, tokenizer, base, device,
+                                dtype) if merged else None
         results = modelcard.collect_results(run.dir)
         limits = modelcard.observed_limits(run.dir, card, results, tokenizer)
         io.write_json(tmp / "results.json", results)
@@ -204,7 +212,8 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         files = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         io.write_json(tmp / "export.json", {"run_id": run.run_id, "experiment": run.experiment, "run_dir": str(run.dir),
                                            "time": io.utc_now(), "method": method, "weights_dir": weights, "merged": merged,
-                                           "merged_dtype": merged_dtype, "base_model": {**base, "card_dir": str(card_dir)},
+                                           "merged_dtype": merged_dtype, "export_dtype": need["dtype"],
+                                           "base_model": {**base, "card_dir": str(card_dir)},
                                            "files_sha256": files})
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing half-built is left behind

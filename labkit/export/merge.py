@@ -7,7 +7,9 @@
   (peft.tuners.lora.bnb.Linear4bit.merge); labkit merges into the dequantised 16-bit weights instead.
 - lora: the base is loaded in the weights' dtype training used (bfloat16 / float16 on a GPU, float32 on the CPU).
 
-The merged model is saved in that dtype (`labkit.preflight.export_memory.export_dtype`).
+The merged model is saved in that dtype (`labkit.preflight.export_memory.export_dtype`), or in the one
+`labkit export --dtype` names: a qlora base's unquantised tensors are cast to it before the 4-bit layers are
+dequantised (in the compute dtype, then cast, one layer at a time), so no whole float32 copy is ever held.
 """
 
 from __future__ import annotations
@@ -25,31 +27,35 @@ from labkit.evaluate.generation import generate_answers
 from labkit.evaluate.procedure import score_answers
 from labkit.model.loading import load_model
 from labkit.preflight.arms import release
-from labkit.preflight.export_memory import export_dtype, export_estimate, refusal
+from labkit.preflight.export_memory import check_dtype, export_dtype, export_estimate, refusal, smaller_dtype
 from labkit.preflight.measure import free_device_memory
 
 
-def base_for_merge(resolved: Any, card: Any, device: str) -> Any:
+def base_for_merge(resolved: Any, card: Any, device: str, dtype: str | None = None) -> Any:
     """The base model the adapter learned against, in the export dtype, on `device` (see the module docstring).
 
     Args:
         resolved: the resolved base model source.
         card: the card (method, quantisation, dtypes).
         device: the device training used ("cuda", "cpu").
+        dtype: the export dtype asked for (`labkit export --dtype`), or None: the run's.
     Returns:
         the model, in eval mode, every tensor in the export dtype.
     """
-    dtype = getattr(torch, export_dtype(card, device))
+    dtype = getattr(torch, export_dtype(card, device, dtype))
     if card.method.kind == "qlora":
         model = load_model(resolved, card, device)  # the 4-bit codes training used
-        model = model.dequantize(dtype=dtype)  # 16-bit nn.Linear in place of each Linear4bit, one at a time
+        for param in model.parameters():  # embeddings, norms, a vision tower: in the export dtype before the layers grow
+            if param.is_floating_point() and type(param).__name__ != "Params4bit":
+                param.data = param.data.to(dtype)
+        model = model.dequantize(dtype=dtype)  # nn.Linear in place of each Linear4bit, one at a time
     else:
         model = load_model(resolved, card, device, quantize=False)
     return model.to(dtype).eval()
 
 
 def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any],
-             device: str) -> str:
+             device: str, dtype: str | None = None) -> str:
     """Merge an exported adapter into `base_for_merge` (peft `merge_and_unload`) and save it in the export dtype.
 
     Args:
@@ -60,10 +66,11 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
         tokenizer: the exported tokenizer.
         base: labkit_base_model.json of the export.
         device: where to merge (the training device).
+        dtype: the export dtype asked for, or None: the run's.
     Returns:
         the dtype name the merged weights are saved in.
     """
-    model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(adapter)).merge_and_unload()
+    model = PeftModel.from_pretrained(base_for_merge(resolved, card, device, dtype), str(adapter)).merge_and_unload()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     model.generation_config = GenerationConfig.from_pretrained(str(adapter))
     model.save_pretrained(str(dest))
@@ -77,8 +84,9 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
 
 
 def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, available: float | None = None,
-                what: str = "the export") -> dict[str, Any]:
-    """State the export's memory need and refuse it when it does not fit in the device's free memory.
+                what: str = "the export", dtype: str | None = None) -> dict[str, Any]:
+    """State the export's memory need and refuse it when it does not fit in the device's free memory; a 16-bit merge
+    that would fit (`labkit.preflight.export_memory.smaller_dtype`) is named as the fix.
 
     Args:
         resolved: the resolved base model source (its config is read, no weights).
@@ -87,18 +95,24 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
         device: the device the export runs on.
         available: free bytes to compare with (default: `labkit.preflight.measure.free_device_memory(device)`).
         what: what would run, for the line.
+        dtype: the export dtype asked for (`labkit export --dtype`), or None: the run's.
     Returns:
         `labkit.preflight.export_memory.export_estimate` with "available_bytes" and "device" added.
     Raises:
-        ExportRefused: one line with both numbers, before anything is loaded.
+        ExportRefused: one line with both numbers, before anything is loaded; float16 asked for an architecture
+            that overflows it.
     """
     config = AutoConfig.from_pretrained(resolved.location, trust_remote_code=card.model.trust_remote_code,
                                         **resolved.from_pretrained_kwargs())
-    need = export_estimate(config, card, prompt_len, device.split(":")[0])
+    check_dtype(dtype, config.model_type)
+    kind = device.split(":")[0]
+    need = export_estimate(config, card, prompt_len, kind, dtype)
     free = float(free_device_memory(device)) if available is None else float(available)
-    line = refusal(need["peak_bytes"], free, device, what)
-    if line:
-        raise ExportRefused(line)
+    if need["peak_bytes"] > free:
+        smaller = smaller_dtype(need["dtype"], config.model_type, kind)
+        other = export_estimate(config, card, prompt_len, kind, smaller)["peak_bytes"] if smaller else None
+        raise ExportRefused(refusal(need["peak_bytes"], free, device, what,
+                                    (smaller, other) if other is not None and other <= free else None))
     return {**need, "available_bytes": free, "device": device}
 
 

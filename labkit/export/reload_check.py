@@ -13,12 +13,13 @@
    answers can survive a changed tensor; a hash cannot).
 3. The adapter is merged, in place (peft `merge_adapter` / `unmerge_adapter`, one copy of the base in memory), into
    the base it learned against in the export dtype (`labkit.export.merge.base_for_merge`: the dequantised 4-bit
-   weights for qlora; 16-bit on a GPU, float32 on the CPU), on the training device; batch by batch, one row at a
-   time, the unmerged model's logits on the same prompts are compared with the merged model's: max |Δ| ≤ rtol ·
-   max(1, max |logit|), rtol 1e-4 in float32 (on SmolLM2-135M, 30 layers, the float32 merge moved logits of
-   magnitude up to 46 by 1.6e-4 with every greedy answer unchanged), `RTOL_16BIT` in 16 bits (the merged weights
-   are rounded once more). When the export has `merged/`, its tensors, read one at a time, must equal the first
-   in-place merge (cast to the saved dtype), before any unmerge has rounded the base weights.
+   weights for qlora; 16-bit on a GPU, float32 on the CPU; or `labkit export --dtype`'s, on a base loaded again),
+   on the training device; batch by batch, one row at a time, the unmerged model's logits on the same prompts are
+   compared with the merged model's: max |Δ| ≤ rtol · max(1, max |logit|), rtol 1e-4 in float32 (on SmolLM2-135M,
+   30 layers, the float32 merge moved logits of magnitude up to 46 by 1.6e-4 with every greedy answer unchanged),
+   `RTOL_16BIT` in 16 bits (the merged weights are rounded once more). When the export has `merged/`, its tensors,
+   read one at a time, must equal the first in-place merge (cast to the saved dtype), before any unmerge has rounded
+   the base weights.
 4. The merged model is scored during the first merge: it answers the checked rows by the evaluation procedure and
    the card's metrics score them beside the run's (unmerged) answers on the same rows (`merged_scores`: both, their
    difference, the changed answers). The difference is reported, it does not fail the check.
@@ -274,7 +275,7 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     rows = load_split(run, card.eval.split)
     batches = eval_batches(tokenizer, card, rows, sample)
     prompt_len = max([len(prompt_ids(tokenizer, card, rows[i]["input"])) for b in batches for i in b], default=1)
-    need = ensure_fits(resolved, card, prompt_len, device, available, "the reload check")
+    need = ensure_fits(resolved, card, prompt_len, device, available, "the reload check", manifest.get("export_dtype"))
     report["memory"] = {k: need[k] for k in ("dtype", "peak_bytes", "phase", "available_bytes", "prompt_len")}
     print(f"reload check on {device}: needs {need['peak_bytes'] / 2**30:.2f} GiB ({need['phase']} phase, "
           f"{need['dtype']}) of {need['available_bytes'] / 2**30:.2f} GiB free")
@@ -293,11 +294,11 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     report.update(logits_max_abs_diff=None, logits_max_abs=None, tolerance=None, tolerance_rule=None,
                   merged_weights=None, merged_scores=None)
     if manifest["method"] != "full":
-        if card.method.kind == "qlora":
-            del model  # the 4-bit evaluation model: merge into its dequantised weights, loaded once more
-            release(device)  # the evaluation model is gone before the 16-bit base is loaded
-            with task("reload check: loading the base in the export dtype for the merge"):
-                model = PeftModel.from_pretrained(base_for_merge(resolved, card, device), str(weights)).eval()
+        if card.method.kind == "qlora" or getattr(torch, need["dtype"]) != next(model.parameters()).dtype:
+            del model  # the 4-bit (or other-dtype) evaluation model: the merge's base is loaded once more
+            release(device)  # the evaluation model is gone before the export dtype's base is loaded
+            with task(f"reload check: loading the base in {need['dtype']} for the merge"):
+                model = PeftModel.from_pretrained(base_for_merge(resolved, card, device, need["dtype"]), str(weights)).eval()
             (model.get_base_model()).generation_config = generation
         dtype = next(model.get_base_model().parameters()).dtype
         rtol = RTOL if dtype == torch.float32 else RTOL_16BIT

@@ -12,7 +12,9 @@ The export runs in two phases, one model in memory at a time:
   a time) and the scoring of the merged model (a second generation).
 
 `export_estimate` is what `labkit estimate` prints beside training's peak and what the export and its reload check
-compare with the device's free memory before they start.
+compare with the device's free memory before they start. `labkit export --dtype` merges in another dtype than that
+default: a float32 run's adapter merged in 16 bits (`smaller_dtype`) when the float32 merge does not fit — a QLoRA
+run with float32 compute (Gemma 3 on a T4, which float16 overflows) needs its whole base in float32 for the merge.
 """
 
 from __future__ import annotations
@@ -21,21 +23,26 @@ from typing import Any
 
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile
-from labkit.model.loading import decisions
-from labkit.model.placement import decide
+from labkit.errors import ExportRefused
+from labkit.model.loading import decisions, profile_of
+from labkit.model.placement import FP16_RANGE, decide
 from labkit.preflight.memory import _BYTES, GIB, Shape, meta_model, parameter_bytes, shape_of, weight_dtype
 
 
-def export_dtype(card: Card, device: str | DeviceProfile) -> str:
-    """The dtype an export merges and saves in: the 4-bit compute dtype of a qlora card (the dtype its adapter
-    learned against), else the dtype the weights loaded in for training (`labkit.model.placement.decide`).
+def export_dtype(card: Card, device: str | DeviceProfile, dtype: str | None = None) -> str:
+    """The dtype an export merges and saves in: `dtype` when given (`labkit export --dtype`), else the 4-bit compute
+    dtype of a qlora card (the dtype its adapter learned against), else the dtype the weights loaded in for training
+    (`labkit.model.placement.decide`).
 
     Args:
         card: the card.
         device: a device of this machine ("cuda", "cpu") or a device profile.
+        dtype: the dtype asked for, or None.
     Returns:
         the dtype name ("bfloat16", "float16", "float32").
     """
+    if dtype:
+        return dtype
     if isinstance(device, DeviceProfile):
         made = decide(card, device, world_size=1, kernels={})
     else:
@@ -52,7 +59,8 @@ def _generation(shape: Shape, batch: int, prompt_len: int, new_tokens: int, nbyt
     return kv_cache + batch * shape.vocab * 4 * 2 + batch * prompt_len * (2 * shape.hidden + 2 * shape.intermediate) * nbytes
 
 
-def export_estimate(config: Any, card: Card, prompt_len: int, device: str | DeviceProfile = "cpu") -> dict[str, Any]:
+def export_estimate(config: Any, card: Card, prompt_len: int, device: str | DeviceProfile = "cpu",
+                    dtype: str | None = None) -> dict[str, Any]:
     """Peak memory of the export's phases (see the module docstring).
 
     Args:
@@ -61,10 +69,11 @@ def export_estimate(config: Any, card: Card, prompt_len: int, device: str | Devi
         prompt_len: the longest evaluation prompt in tokens (`data.max_length` before the data is known); the
             answers' `eval.max_new_tokens` (`data.max_length` while stage 01 has not sized it).
         device: the device (string) or a device profile.
+        dtype: the merge's dtype (`export_dtype`'s `dtype`).
     Returns:
         {"dtype", "reload_bytes", "merge_bytes", "peak_bytes", "phase" (the larger), "breakdown": {term: bytes}}.
     """
-    dtype = export_dtype(card, device)
+    dtype = export_dtype(card, device, dtype)
     shape = shape_of(config)
     nbytes = _BYTES[dtype]
     loaded = _BYTES[weight_dtype(card, device)]
@@ -87,7 +96,40 @@ def export_estimate(config: Any, card: Card, prompt_len: int, device: str | Devi
             "phase": "merge" if merge >= reload else "reload", "breakdown": breakdown, "prompt_len": prompt_len}
 
 
-def refusal(needed_bytes: float, available_bytes: float, device: str, what: str = "the export") -> str | None:
+def smaller_dtype(dtype: str, model_type: str | None, device: str | DeviceProfile) -> str | None:
+    """The 16-bit dtype a float32 export could merge in instead: bfloat16 on the CPU, on a GPU that runs it natively
+    and for the architectures that overflow float16 (`FP16_RANGE`: emulated, slower, on a GPU without native bf16
+    such as a T4), else float16.
+
+    Args:
+        dtype: the export dtype.
+        model_type: the base config's `model_type`.
+        device: a device of this machine ("cuda", "cpu") or a device profile.
+    Returns:
+        the dtype name, or None when `dtype` is already 16-bit.
+    """
+    if dtype != "float32":
+        return None
+    profile = device if isinstance(device, DeviceProfile) else profile_of(device)
+    return "bfloat16" if not profile.is_gpu or profile.native_bf16 or model_type in FP16_RANGE else "float16"
+
+
+def check_dtype(dtype: str | None, model_type: str | None) -> None:
+    """Refuse an export dtype the architecture cannot compute in: float16 for a model type in `FP16_RANGE`.
+
+    Args:
+        dtype: `labkit export --dtype`, or None (the run's own dtype, already checked before training).
+        model_type: the base config's `model_type`.
+    Raises:
+        ExportRefused: one line naming --dtype and the dtypes that work.
+    """
+    if dtype == "float16" and model_type in FP16_RANGE:
+        raise ExportRefused(f"--dtype float16: {model_type} overflows float16 (activations past 65504: NaN logits, and "
+                            "the reload check would compare NaN); use --dtype bfloat16 or float32")
+
+
+def refusal(needed_bytes: float, available_bytes: float, device: str, what: str = "the export",
+            alternative: tuple[str, float] | None = None) -> str | None:
     """The one-line refusal when `needed_bytes` do not fit in `available_bytes`, else None.
 
     Args:
@@ -95,10 +137,13 @@ def refusal(needed_bytes: float, available_bytes: float, device: str, what: str 
         available_bytes: the device's free memory.
         device: the device, for the line.
         what: what would run.
+        alternative: (dtype, bytes) of a 16-bit merge that fits (`smaller_dtype`), named as the first fix.
     Returns:
         the line, or None when it fits.
     """
     if needed_bytes <= available_bytes:
         return None
-    return (f"{what} needs {needed_bytes / GIB:.2f} GiB on {device} (16-bit merge and reload check) but "
-            f"{available_bytes / GIB:.2f} GiB are free — free memory on {device}, or export on a device with more")
+    fix = (f"merge in {alternative[0]} (labkit export RUN --dtype {alternative[0]}: {alternative[1] / GIB:.2f} GiB), "
+           if alternative else "")
+    return (f"{what} needs {needed_bytes / GIB:.2f} GiB on {device} (merge and reload check) but "
+            f"{available_bytes / GIB:.2f} GiB are free — {fix}free memory on {device}, or export on a device with more")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.preflight.export_memory import export_estimate
+from labkit.preflight.export_memory import export_estimate, smaller_dtype
 from labkit.preflight.memory import GIB
 from labkit.preflight.sizing import estimate_config, gpu_profile
 from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, Layout, MemoryEstimate
@@ -153,7 +153,8 @@ def unmodelled_lines(est: Any, gpu_memory_gib: float) -> tuple[list[str], bool]:
 
 def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: str, config_path: str | None,
                 sized: dict[str, Any]) -> str:
-    """`labkit estimate`'s line on the export: its peak (16-bit merge and reload check) beside training's.
+    """`labkit estimate`'s line on the export: its peak (merge and reload check) beside training's, and a float32
+    merge's 16-bit alternative (`labkit export --dtype`) when it does not fit.
 
     Args:
         card, card_path, gpu_memory_gib, capability, config_path: as for `labkit.preflight.sizing.estimate_card`.
@@ -163,10 +164,16 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     """
     d = card.distributed  # a machine of the card's processes, as `estimate_card` sizes it
     profile = gpu_profile(gpu_memory_gib, capability, count=max(1, d.num_processes // d.num_machines))
-    need = export_estimate(estimate_config(card, card_path, config_path), card, sized["seq_len"], profile)
+    config = estimate_config(card, card_path, config_path)
+    need = export_estimate(config, card, sized["seq_len"], profile)
     margins = sum(sized["verdict"]["overheads"].values())
     total = need["peak_bytes"] + margins
     fits = "fits" if total <= gpu_memory_gib * GIB else "does not fit"
+    smaller = smaller_dtype(need["dtype"], config.model_type, profile) if fits != "fits" else None
+    if smaller:  # a float32 run's adapter merged in 16 bits (`labkit export --dtype`)
+        other = export_estimate(config, card, sized["seq_len"], profile, smaller)["peak_bytes"] + margins
+        fits += (f"; in {smaller} (labkit export RUN --dtype {smaller}) {other / GIB:.2f} GiB: "
+                 + ("fits" if other <= gpu_memory_gib * GIB else "does not fit"))
     return (f"export ({need['dtype']} merge and reload check, {need['phase']} phase): peak {need['peak_bytes'] / GIB:.2f} GiB "
             f"beside training's {sized['estimate']['peak_bytes'] / GIB:.2f} GiB; with the margins {total / GIB:.2f} GiB "
             f"of {gpu_memory_gib:g} GiB: {fits}")

@@ -1,6 +1,7 @@
 """`labkit export` for every prompt format and for QLoRA: the model card's snippet reproduces the evaluation's answer
 in a fresh process, a QLoRA adapter is merged into its dequantised 4-bit weights in 16 bits and the merged model is
-scored, and an export that would not fit is refused with the number.
+scored, a float32 run merges in the dtype `--dtype` names, and an export that would not fit is refused with the
+number.
 
 Real components throughout: the smoke run (tiny offline Llama, its own ChatML chat template) and a QLoRA smoke
 variant with the plain prompt format, both through `labkit run`; the snippets and the reload checks run as their own
@@ -199,3 +200,23 @@ def test_reload_check_refuses_with_the_number_before_loading(chatml_export) -> N
         check(chatml_export / "export", chatml_export, available=1024)
     report = io.read_json(chatml_export / "export" / "reload_check.json")  # the export's own check, untouched
     assert report["ok"] and report["memory"]["available_bytes"] > report["memory"]["peak_bytes"] > 0
+
+
+def test_a_float32_run_exports_merged_in_the_dtype_asked_for(smoke_run, tmp_path: Path, capsys) -> None:
+    """`labkit export --merged --dtype bfloat16` on a float32 LoRA run: the adapter reloads in float32 and reproduces
+    every answer; the merge, merged/ and the merged model's scores are bfloat16, checked at the 16-bit tolerance."""
+    from safetensors import safe_open
+
+    run = _copy_root(smoke_run[0], tmp_path / "runs")
+    assert cli_main(["--runs", str(run.parent.parent), "export", run.name, "--merged", "--dtype", "bfloat16"]) == 0
+    out = run / "export"
+    manifest, report = io.read_json(out / "export.json"), io.read_json(out / "reload_check.json")
+    assert manifest["export_dtype"] == manifest["merged_dtype"] == "bfloat16"
+    assert report["ok"] and report["identical"] and report["memory"]["dtype"] == "bfloat16", report
+    assert report["tolerance_rule"].endswith("bfloat16") and report["merged_weights"]["ok"]
+    assert report["merged_scores"]["dtype"] == "bfloat16"
+    with safe_open(str(out / "merged" / "model.safetensors"), framework="pt") as handle:
+        assert {handle.get_slice(n).get_dtype() for n in handle.keys()} == {"BF16"}
+    with safe_open(str(out / "adapter" / "adapter_model.safetensors"), framework="pt") as handle:
+        assert {handle.get_slice(n).get_dtype() for n in handle.keys()} == {"F32"}  # the run's adapter, untouched
+    assert "export on cpu in bfloat16" in capsys.readouterr().err

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
@@ -13,7 +16,8 @@ from labkit.errors import ExportRefused
 from labkit.export.merge import ensure_fits
 from labkit.export.snippet import prompt_lines
 from labkit.model.sources import resolve
-from labkit.preflight.export_memory import GIB, export_dtype, export_estimate, refusal
+from labkit.core.device import cpu_profile
+from labkit.preflight.export_memory import GIB, export_dtype, export_estimate, refusal, smaller_dtype
 from labkit.preflight.sizing import estimate_config, gpu_profile
 
 EXAMPLES = REPO / "params" / "examples"
@@ -98,3 +102,76 @@ def test_export_line_prints_the_export_peak_beside_trainings(capsys) -> None:
     out = capsys.readouterr().out
     (line,) = [ln for ln in out.splitlines() if ln.startswith("export (")]
     assert code == 0 and "bfloat16 merge and reload check" in line and "beside training's" in line and "fits" in line
+
+
+def _gemma3_qlora_fp32(tmp_path: Path) -> Path:
+    """Gemma 3 4B QLoRA with float32 compute: what a T4 trains it in, since float16 overflows it."""
+    path = tmp_path / "gemma3-qlora-fp32.yaml"
+    path.write_text(yaml.safe_dump({
+        "parent": str(EXAMPLES / "gemma3-4b-lora.yaml"), "experiment": {"variant": "gemma3-4b-qlora-fp32"},
+        "model": {"dtype": "float32"}, "train": {"precision": "fp32"},
+        "method": {"kind": "qlora", "r": 16, "alpha": 32, "target_modules": "all-linear",
+                   "quantisation": {"compute_dtype": "float32"}}}))
+    return path
+
+
+def test_a_float32_merge_that_does_not_fit_names_the_16_bit_one(tmp_path: Path, capsys) -> None:
+    """Gemma 3 4B QLoRA in float32 on a T4: training fits (~6 GiB), a float32 merge (~18.5 GiB) does not, a bfloat16
+    merge (emulated on a T4, since float16 overflows Gemma 3) does."""
+    from labkit.cli.main import main
+
+    path = _gemma3_qlora_fp32(tmp_path)
+    card, t4 = load_card(path).card, gpu_profile(14.7, "7.5")
+    config = estimate_config(card, path, str(EXAMPLES / "configs" / "google--gemma-3-4b-it.json"))
+    wide, narrow = (export_estimate(config, card, 384, t4, dtype) for dtype in (None, "bfloat16"))
+    assert wide["dtype"] == "float32" and wide["peak_bytes"] > 15 * GIB and narrow["peak_bytes"] < 11 * GIB
+    assert narrow["breakdown"]["weights_export_dtype"] * 2 == wide["breakdown"]["weights_export_dtype"]
+    assert smaller_dtype("float32", config.model_type, t4) == "bfloat16"  # float16 overflows Gemma 3
+    assert smaller_dtype("float32", "llama", t4) == "float16"  # native on a T4, in range for Llama
+    assert smaller_dtype("float32", "llama", gpu_profile(24, "8.9")) == "bfloat16"
+    assert smaller_dtype("float32", "llama", cpu_profile()) == "bfloat16"
+    assert smaller_dtype("bfloat16", "gemma3", t4) is None and smaller_dtype("float16", "llama", t4) is None
+    assert main(["estimate", str(path), "--gpu", "T4", "--config", str(EXAMPLES / "configs" / "google--gemma-3-4b-it.json")]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("export (")]
+    assert re.search(r"float32 merge .*: does not fit; in bfloat16 \(labkit export RUN --dtype bfloat16\) "
+                     r"\d+\.\d\d GiB: fits$", line), line
+
+
+def test_refusal_names_the_16_bit_merge_that_fits_and_float16_is_refused_where_it_overflows(tiny_model) -> None:
+    from labkit.model.sources import resolve
+
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "method.kind": "qlora", "method.quantisation": {"compute_dtype": "float32"}})
+    wide = ensure_fits(tiny_model, card, 120, "cpu", available=10 * GIB)
+    narrow = ensure_fits(tiny_model, card, 120, "cpu", available=10 * GIB, dtype="bfloat16")
+    assert wide["dtype"] == "float32" and narrow["dtype"] == "bfloat16" and narrow["peak_bytes"] < wide["peak_bytes"]
+    between = (wide["peak_bytes"] + narrow["peak_bytes"]) / 2
+    with pytest.raises(ExportRefused, match=r"^the export needs \d+\.\d\d GiB on cpu \(merge and reload check\) but "
+                       r"\d+\.\d\d GiB are free — merge in bfloat16 \(labkit export RUN --dtype bfloat16: \d+\.\d\d "
+                       r"GiB\), free memory on cpu, or export on a device with more$"):
+        ensure_fits(tiny_model, card, 120, "cpu", available=between)
+    with pytest.raises(ExportRefused) as short:  # nothing fits: no 16-bit merge named
+        ensure_fits(tiny_model, card, 120, "cpu", available=1024)
+    assert "--dtype" not in str(short.value)
+    gemma3 = resolve("tiny:gemma3")
+    with pytest.raises(ExportRefused, match=r"^--dtype float16: gemma3 overflows float16 .*; use --dtype bfloat16 or float32$"):
+        ensure_fits(gemma3, card, 120, "cpu", available=10 * GIB, dtype="float16")
+    assert ensure_fits(tiny_model, card, 120, "cpu", available=10 * GIB, dtype="float16")["dtype"] == "float16"
+
+
+def test_a_qlora_base_merges_in_the_dtype_asked_for_from_its_dequantised_weights(tiny_model) -> None:
+    """A float32-compute QLoRA base in bfloat16: every tensor bfloat16, each 4-bit layer its float32 dequantisation
+    rounded once (not re-quantised, not the original weights)."""
+    import torch
+
+    from labkit.export.merge import base_for_merge
+    from labkit.model.loading import load_model
+
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "method.kind": "qlora", "method.quantisation": {"compute_dtype": "float32"}})
+    merged = base_for_merge(tiny_model, card, "cpu", "bfloat16").state_dict()
+    assert {t.dtype for t in merged.values() if t.is_floating_point()} == {torch.bfloat16}
+    exact = load_model(tiny_model, card, "cpu").dequantize(dtype=torch.float32).state_dict()
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(merged[name], exact[name].to(torch.bfloat16))
+    assert torch.equal(merged["model.embed_tokens.weight"], exact["model.embed_tokens.weight"].to(torch.bfloat16))
