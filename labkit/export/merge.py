@@ -10,6 +10,10 @@
 The merged model is saved in that dtype (`labkit.preflight.export_memory.export_dtype`), or in the one
 `labkit export --dtype` names: a qlora base's unquantised tensors are cast to it before the 4-bit layers are
 dequantised (in the compute dtype, then cast, one layer at a time), so no whole float32 copy is ever held.
+
+A multimodal qlora base (Gemma 3 4B and up) also had its vision tower and projector quantised, which text rows never
+run: they take the checkpoint's own weights back (`restore_towers`), so merged/ reads images as the base does, not
+through a 4-bit round trip.
 """
 
 from __future__ import annotations
@@ -18,14 +22,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub import snapshot_download
 from peft import PeftModel
+from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
+from transformers.core_model_loading import revert_weight_conversion
 
 from labkit.core import io
 from labkit.errors import ExportRefused
 from labkit.evaluate.generation import generate_answers
 from labkit.evaluate.procedure import score_answers
 from labkit.model.loading import load_model
+from labkit.model.method import towers
 from labkit.preflight.arms import release
 from labkit.preflight.export_memory import check_dtype, export_dtype, export_estimate, refusal, smaller_dtype
 from labkit.preflight.measure import free_device_memory
@@ -49,9 +57,37 @@ def base_for_merge(resolved: Any, card: Any, device: str, dtype: str | None = No
             if param.is_floating_point() and type(param).__name__ != "Params4bit":
                 param.data = param.data.to(dtype)
         model = model.dequantize(dtype=dtype)  # nn.Linear in place of each Linear4bit, one at a time
+        restore_towers(model, resolved)
     else:
         model = load_model(resolved, card, device, quantize=False)
     return model.to(dtype).eval()
+
+
+def restore_towers(model: Any, resolved: Any) -> int:
+    """Give a multimodal model's vision tower and projector (`labkit.model.method.towers`) the base checkpoint's own
+    weights, read one tensor at a time under the names `save_pretrained` writes, cast to each parameter's dtype.
+
+    Args:
+        model: a dequantised qlora base (its towers' Linear layers came back from 4 bits).
+        resolved: the resolved base model source (its safetensors: a local folder, or the hub cache for hf).
+    Returns:
+        the number of tensors restored (0 for a text-only model or a base without safetensors).
+    """
+    outside = towers(model)
+    if not outside:
+        return 0
+    folder = (snapshot_download(resolved.location, revision=resolved.revision, local_files_only=True,
+                                allow_patterns=["*.safetensors"]) if resolved.kind == "hf" else resolved.location)
+    named = {name: param for name, param in model.named_parameters() if id(param) in outside}
+    wanted = {disk: param for disk, param in revert_weight_conversion(model, named).items() if id(param) in outside}
+    restored = 0
+    for file in sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in set(handle.keys()) & set(wanted):
+                param = wanted[name]
+                param.data.copy_(handle.get_tensor(name).to(device=param.device, dtype=param.dtype))
+                restored += 1
+    return restored
 
 
 def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any, base: dict[str, Any],
@@ -70,14 +106,16 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
     Returns:
         the dtype name the merged weights are saved in.
     """
-    model = PeftModel.from_pretrained(base_for_merge(resolved, card, device, dtype), str(adapter)).merge_and_unload()
+    model = base_for_merge(resolved, card, device, dtype)
+    into = "the base weights as trained" if card.method.kind != "qlora" else "dequantised 4-bit weights" + (
+        "; the vision tower and projector: the checkpoint's own (`restore_towers`)" if towers(model) else "")
+    model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     model.generation_config = GenerationConfig.from_pretrained(str(adapter))
     model.save_pretrained(str(dest))
     tokenizer.save_pretrained(str(dest))
     io.write_json(dest / "labkit_base_model.json", {**base, "merged_from_adapter": True, "dtype": dtype,
-                                                   "merged_into": "dequantised 4-bit weights" if card.method.kind == "qlora"
-                                                   else "the base weights as trained"})
+                                                   "merged_into": into})
     del model
     release(device)
     return dtype

@@ -175,3 +175,29 @@ def test_a_qlora_base_merges_in_the_dtype_asked_for_from_its_dequantised_weights
     name = "model.layers.0.mlp.down_proj.weight"
     assert torch.equal(merged[name], exact[name].to(torch.bfloat16))
     assert torch.equal(merged["model.embed_tokens.weight"], exact["model.embed_tokens.weight"].to(torch.bfloat16))
+
+
+def test_a_multimodal_qlora_base_merges_with_its_own_vision_tower() -> None:
+    """Gemma 3's vision tower was quantised with the rest (bitsandbytes takes every Linear layer) though text rows
+    never run it: the merge's base gives it the checkpoint's weights back, and the text decoder stays dequantised."""
+    import torch
+    from safetensors.torch import load_file
+
+    from labkit.export.merge import base_for_merge
+    from labkit.model.loading import load_model
+    from labkit.model.sources import resolve
+
+    gemma3 = resolve("tiny:gemma3")
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "model.source": "tiny:gemma3", "data.prompt.chat_template": "model", "method.kind": "qlora",
+        "method.quantisation": {"compute_dtype": "float32"}})
+    on_disk = load_file(str(Path(gemma3.location) / "model.safetensors"))
+    merged = base_for_merge(gemma3, card, "cpu", "bfloat16").state_dict()
+    dequantised = load_model(gemma3, card, "cpu").dequantize(dtype=torch.float32).state_dict()
+    tower, text = ("model.vision_tower.encoder.layers.0.self_attn.q_proj.weight",
+                   "model.language_model.layers.0.self_attn.q_proj.weight")
+    original = on_disk["vision_tower.encoder.layers.0.self_attn.q_proj.weight"]
+    assert not torch.equal(dequantised[tower], original)  # the 4-bit round trip moved the tower
+    assert torch.equal(merged[tower], original.to(torch.bfloat16))
+    assert torch.equal(merged[text], dequantised[text].to(torch.bfloat16))  # what the adapter learned against
+    assert not torch.equal(merged[text], on_disk["language_model.model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16))
