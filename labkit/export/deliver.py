@@ -199,7 +199,7 @@ def export(run_id_or_dir: str | Path, root: Path, merged: bool = False, out: Pat
         tokenizer, generation = save_tokenizer_and_generation(run.dir / "training" / "adapter", card, resolved,
                                                               tmp / weights, max_new)
         need = ensure_fits(resolved, resolved_card(card, run.dir), longest_prompt(run, card, tokenizer), device,
-                           None if memory_gib is None else memory_gib * 1024**3, dtype=dtype)
+                           None if memory_gib is None else memory_gib * 1024**3, dtype=dtype, run_id=run.run_id)
         print(f"labkit: export on {device} in {need['dtype']}: needs {need['peak_bytes'] / 1024**3:.2f} GiB "
               f"({need['phase']} phase) of {need['available_bytes'] / 1024**3:.2f} GiB free", file=sys.stderr)
         merged_dtype = merge_to(tmp / weights, tmp / "merged", resolved, card, tokenizer, base, device,

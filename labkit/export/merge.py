@@ -122,7 +122,7 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
 
 
 def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, available: float | None = None,
-                what: str = "the export", dtype: str | None = None) -> dict[str, Any]:
+                what: str = "the export", dtype: str | None = None, run_id: str = "RUN") -> dict[str, Any]:
     """State the export's memory need and refuse it when it does not fit in the device's free memory; a 16-bit merge
     that would fit (`labkit.preflight.export_memory.smaller_dtype`) is named as the fix.
 
@@ -134,6 +134,7 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
         available: free bytes to compare with (default: `labkit.preflight.measure.free_device_memory(device)`).
         what: what would run, for the line.
         dtype: the export dtype asked for (`labkit export --dtype`), or None: the run's.
+        run_id: the run, for the command the refusal names.
     Returns:
         `labkit.preflight.export_memory.export_estimate` with "available_bytes" and "device" added.
     Raises:
@@ -150,7 +151,7 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
         smaller = smaller_dtype(need["dtype"], config.model_type, kind)
         other = export_estimate(config, card, prompt_len, kind, smaller)["peak_bytes"] if smaller else None
         raise ExportRefused(refusal(need["peak_bytes"], free, device, what,
-                                    (smaller, other) if other is not None and other <= free else None))
+                                    (smaller, other) if other is not None and other <= free else None, run_id))
     return {**need, "available_bytes": free, "device": device}
 
 

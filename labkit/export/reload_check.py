@@ -265,9 +265,8 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
                   "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token,
                   "eos_matches": tokenizer.eos_token == data_tok.get("eos_token"),
                   "pad_matches": tokenizer.pad_token == data_tok.get("pad_token")}
-    report: dict[str, Any] = {"export_dir": str(export_dir), "run_id": run.run_id, "device": device,
-                              "tokenizer": tok_report, "base": {"source": base_info["source"],
-                                                                "revision": base_info["revision"]}}
+    report: dict[str, Any] = {"export_dir": str(export_dir), "run_id": run.run_id, "device": device, "tokenizer": tok_report,
+                              "base": {"source": base_info["source"], "revision": base_info["revision"]}}
     with task(f"reload check: resolving the base model {base_info['source']}"):
         resolved = resolve(base_info["source"], base_info["revision"], base=Path(base_info.get("card_dir") or run.dir))
     report["base"]["resolved_revision"] = resolved.revision  # resolve() raised if it differed
@@ -275,7 +274,8 @@ def check(export_dir: Path, run_dir: Path | None = None, sample: int | None = No
     rows = load_split(run, card.eval.split)
     batches = eval_batches(tokenizer, card, rows, sample)
     prompt_len = max([len(prompt_ids(tokenizer, card, rows[i]["input"])) for b in batches for i in b], default=1)
-    need = ensure_fits(resolved, card, prompt_len, device, available, "the reload check", manifest.get("export_dtype"))
+    need = ensure_fits(resolved, card, prompt_len, device, available, "the reload check", manifest.get("export_dtype"),
+                       run.run_id)
     report["memory"] = {k: need[k] for k in ("dtype", "peak_bytes", "phase", "available_bytes", "prompt_len")}
     print(f"reload check on {device}: needs {need['peak_bytes'] / 2**30:.2f} GiB ({need['phase']} phase, "
           f"{need['dtype']}) of {need['available_bytes'] / 2**30:.2f} GiB free")

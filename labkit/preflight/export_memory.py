@@ -129,7 +129,7 @@ def check_dtype(dtype: str | None, model_type: str | None) -> None:
 
 
 def refusal(needed_bytes: float, available_bytes: float, device: str, what: str = "the export",
-            alternative: tuple[str, float] | None = None) -> str | None:
+            alternative: tuple[str, float] | None = None, run_id: str = "RUN") -> str | None:
     """The one-line refusal when `needed_bytes` do not fit in `available_bytes`, else None.
 
     Args:
@@ -138,12 +138,13 @@ def refusal(needed_bytes: float, available_bytes: float, device: str, what: str 
         device: the device, for the line.
         what: what would run.
         alternative: (dtype, bytes) of a 16-bit merge that fits (`smaller_dtype`), named as the first fix.
+        run_id: the run, for that fix's command.
     Returns:
         the line, or None when it fits.
     """
     if needed_bytes <= available_bytes:
         return None
-    fix = (f"merge in {alternative[0]} (labkit export RUN --dtype {alternative[0]}: {alternative[1] / GIB:.2f} GiB), "
+    fix = (f"merge in {alternative[0]} (labkit export {run_id} --dtype {alternative[0]}: {alternative[1] / GIB:.2f} GiB), "
            if alternative else "")
     return (f"{what} needs {needed_bytes / GIB:.2f} GiB on {device} (merge and reload check) but "
             f"{available_bytes / GIB:.2f} GiB are free — {fix}free memory on {device}, or export on a device with more")

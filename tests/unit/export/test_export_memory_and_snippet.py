@@ -147,9 +147,9 @@ def test_refusal_names_the_16_bit_merge_that_fits_and_float16_is_refused_where_i
     assert wide["dtype"] == "float32" and narrow["dtype"] == "bfloat16" and narrow["peak_bytes"] < wide["peak_bytes"]
     between = (wide["peak_bytes"] + narrow["peak_bytes"]) / 2
     with pytest.raises(ExportRefused, match=r"^the export needs \d+\.\d\d GiB on cpu \(merge and reload check\) but "
-                       r"\d+\.\d\d GiB are free — merge in bfloat16 \(labkit export RUN --dtype bfloat16: \d+\.\d\d "
-                       r"GiB\), free memory on cpu, or export on a device with more$"):
-        ensure_fits(tiny_model, card, 120, "cpu", available=between)
+                       r"\d+\.\d\d GiB are free — merge in bfloat16 \(labkit export smoke-run-1 --dtype bfloat16: "
+                       r"\d+\.\d\d GiB\), free memory on cpu, or export on a device with more$"):
+        ensure_fits(tiny_model, card, 120, "cpu", available=between, run_id="smoke-run-1")
     with pytest.raises(ExportRefused) as short:  # nothing fits: no 16-bit merge named
         ensure_fits(tiny_model, card, 120, "cpu", available=1024)
     assert "--dtype" not in str(short.value)
