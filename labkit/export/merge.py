@@ -148,7 +148,7 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
     need = export_estimate(config, card, prompt_len, kind, dtype)
     free = float(free_device_memory(device)) if available is None else float(available)
     if need["peak_bytes"] > free:
-        smaller = smaller_dtype(need["dtype"], config.model_type, kind)
+        smaller = smaller_dtype(need["dtype"], config.model_type)
         other = export_estimate(config, card, prompt_len, kind, smaller)["peak_bytes"] if smaller else None
         raise ExportRefused(refusal(need["peak_bytes"], free, device, what,
                                     (smaller, other) if other is not None and other <= free else None, run_id))

@@ -169,7 +169,7 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     margins = sum(sized["verdict"]["overheads"].values())
     total = need["peak_bytes"] + margins
     fits = "fits" if total <= gpu_memory_gib * GIB else "does not fit"
-    smaller = smaller_dtype(need["dtype"], config.model_type, profile) if fits != "fits" else None
+    smaller = smaller_dtype(need["dtype"], config.model_type) if fits != "fits" else None
     if smaller:  # a float32 run's adapter merged in 16 bits (`labkit export --dtype`)
         other = export_estimate(config, card, sized["seq_len"], profile, smaller)["peak_bytes"] + margins
         fits += (f"; in {smaller} (labkit export RUN --dtype {smaller}) {other / GIB:.2f} GiB: "
