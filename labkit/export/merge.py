@@ -35,7 +35,7 @@ from labkit.evaluate.procedure import score_answers
 from labkit.model.loading import load_model
 from labkit.model.method import towers
 from labkit.preflight.arms import release
-from labkit.preflight.export_memory import check_dtype, export_dtype, export_estimate, refusal, smaller_dtype
+from labkit.preflight.export_memory import check_dtype, export_dtype, export_estimate, in_16_bits, refusal
 from labkit.preflight.measure import free_device_memory
 
 
@@ -124,7 +124,7 @@ def merge_to(adapter: Path, dest: Path, resolved: Any, card: Any, tokenizer: Any
 def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, available: float | None = None,
                 what: str = "the export", dtype: str | None = None, run_id: str = "RUN") -> dict[str, Any]:
     """State the export's memory need and refuse it when it does not fit in the device's free memory; a 16-bit merge
-    that would fit (`labkit.preflight.export_memory.smaller_dtype`) is named as the fix.
+    that would fit (`labkit.preflight.export_memory.in_16_bits`) is named as the fix.
 
     Args:
         resolved: the resolved base model source (its config is read, no weights).
@@ -148,10 +148,9 @@ def ensure_fits(resolved: Any, card: Any, prompt_len: int, device: str, availabl
     need = export_estimate(config, card, prompt_len, kind, dtype)
     free = float(free_device_memory(device)) if available is None else float(available)
     if need["peak_bytes"] > free:
-        smaller = smaller_dtype(need["dtype"], config.model_type)
-        other = export_estimate(config, card, prompt_len, kind, smaller)["peak_bytes"] if smaller else None
-        raise ExportRefused(refusal(need["peak_bytes"], free, device, what,
-                                    (smaller, other) if other is not None and other <= free else None, run_id))
+        other = in_16_bits(config, card, prompt_len, kind, need)
+        raise ExportRefused(refusal(need["peak_bytes"], free, device, what, other if other and other[1] <= free else None,
+                                    run_id))
     return {**need, "available_bytes": free, "device": device}
 
 

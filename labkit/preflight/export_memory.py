@@ -113,6 +113,20 @@ def smaller_dtype(dtype: str, model_type: str | None) -> str | None:
     return "bfloat16" if model_type in FP16_RANGE else "float16"
 
 
+def in_16_bits(config: Any, card: Card, prompt_len: int, device: str | DeviceProfile,
+               need: dict[str, Any]) -> tuple[str, int] | None:
+    """The 16-bit merge (`smaller_dtype`) a float32 export could run instead, and its peak.
+
+    Args:
+        config, card, prompt_len, device: as for `export_estimate`.
+        need: `export_estimate`'s result in the export dtype.
+    Returns:
+        (dtype, peak bytes), or None when the export is already 16-bit.
+    """
+    smaller = smaller_dtype(need["dtype"], getattr(config, "model_type", None))
+    return (smaller, export_estimate(config, card, prompt_len, device, smaller)["peak_bytes"]) if smaller else None
+
+
 def check_dtype(dtype: str | None, model_type: str | None) -> None:
     """Refuse an export dtype the architecture cannot compute in: float16 for a model type in `FP16_RANGE`.
 

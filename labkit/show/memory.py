@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from labkit.preflight.export_memory import export_estimate, smaller_dtype
+from labkit.preflight.export_memory import export_estimate, in_16_bits
 from labkit.preflight.memory import GIB
 from labkit.preflight.sizing import estimate_config, gpu_profile
 from labkit.preflight.records import OPTIMIZER_STATES_PREFIX, UPCAST_PREFIX, Layout, MemoryEstimate
@@ -169,11 +169,11 @@ def export_line(card: Any, card_path: Any, gpu_memory_gib: float, capability: st
     margins = sum(sized["verdict"]["overheads"].values())
     total = need["peak_bytes"] + margins
     fits = "fits" if total <= gpu_memory_gib * GIB else "does not fit"
-    smaller = smaller_dtype(need["dtype"], config.model_type) if fits != "fits" else None
-    if smaller:  # a float32 run's adapter merged in 16 bits (`labkit export --dtype`)
-        other = export_estimate(config, card, sized["seq_len"], profile, smaller)["peak_bytes"] + margins
-        fits += (f"; in {smaller} (labkit export RUN --dtype {smaller}) {other / GIB:.2f} GiB: "
-                 + ("fits" if other <= gpu_memory_gib * GIB else "does not fit"))
+    other = in_16_bits(config, card, sized["seq_len"], profile, need) if fits != "fits" else None
+    if other:  # a float32 run's adapter merged in 16 bits (`labkit export --dtype`)
+        smaller, peak = other[0], other[1] + margins
+        fits += (f"; in {smaller} (labkit export RUN --dtype {smaller}) {peak / GIB:.2f} GiB: "
+                 + ("fits" if peak <= gpu_memory_gib * GIB else "does not fit"))
     return (f"export ({need['dtype']} merge and reload check, {need['phase']} phase): peak {need['peak_bytes'] / GIB:.2f} GiB "
             f"beside training's {sized['estimate']['peak_bytes'] / GIB:.2f} GiB; with the margins {total / GIB:.2f} GiB "
             f"of {gpu_memory_gib:g} GiB: {fits}")
