@@ -25,6 +25,9 @@ The rules, read against transformers 5.24, TRL 1.16 and labkit's own trainer and
 - data.split.validation / test / seed / stratify with data.split.field or from_source: the splits are given, the
   fractions unused.
 - data.target_format.required_keys or category_key on a label or text target: only a JSON answer has keys.
+- data.target_format.category_key: null on a json target judged by accuracy, macro_f1 or per_category_f1: those read
+  the category from the answer's category key, so every answer would score as no category (stage 01 also refuses a
+  key that no reference answer holds: `labkit.data.checks.check_category_key`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Callable
 from labkit.card.experiment_and_data import Split, TargetFormat
 from labkit.card.schema import Card, Distributed
 from labkit.errors import CardError
+from labkit.scoring.names import METRICS
 
 Problem = tuple[str, str]  # (dotted key, what is wrong and the fix)
 
@@ -138,9 +142,35 @@ def keys_of_a_non_json_target(card: Card) -> Problem | None:
     return None
 
 
+def category_metrics(card: Card) -> list[tuple[str, str]]:
+    """The metrics a card judges or reports that compare the answer's category with the category column.
+
+    Args:
+        card: a validated card.
+    Returns:
+        (dotted key, metric name) per use: primary metric, guardrails, eval.metrics, early stopping.
+    """
+    uses = [("experiment.target.primary_metric", card.experiment.target.primary_metric)]
+    uses += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(card.experiment.guardrails)]
+    uses += [(f"eval.metrics.{i}", m) for i, m in enumerate(card.eval.metrics)]
+    if card.train.early_stopping is not None:
+        uses.append(("train.early_stopping.metric", card.train.early_stopping.metric))
+    return [(key, name) for key, name in uses if METRICS.get(name, ("",))[0] == "category"]
+
+
+def category_metric_without_key(card: Card) -> Problem | None:
+    """A category metric on a JSON target that names no key to read the answer's category from."""
+    fmt, uses = card.data.target_format, category_metrics(card)
+    if fmt.kind == "json" and not fmt.category_key and uses:
+        return ("data.target_format.category_key", f"null, but {uses[0][0]} is {uses[0][1]}, which compares the "
+                "answer's category (this key of its JSON) with data.fields.category: every answer would score as no "
+                "category; set category_key to the JSON key that holds the category, or judge field_accuracy")
+    return None
+
+
 RULES: tuple[Callable[[Card], Problem | None], ...] = (
     warmup_with_constant, save_steps_with_early_stopping, eval_steps_past_the_end, launcher_keys, packing_under_zero3,
-    system_without_placeholder, fractions_with_given_splits, keys_of_a_non_json_target)
+    system_without_placeholder, fractions_with_given_splits, keys_of_a_non_json_target, category_metric_without_key)
 
 
 def problems(card: Card) -> list[Problem]:

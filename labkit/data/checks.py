@@ -4,6 +4,8 @@ section's checks that need only the card: `labkit.data.card_checks`).
 On the prepared rows:
   * references (`check_references`): every row's reference answer, in every split (the test split too, by
     validity only: its content is never shown or recorded), against the card's `data.target_format`;
+  * the category key (`check_category_key`): a JSON card judged by a category metric needs evaluation references
+    that hold `data.target_format.category_key`, or the metric reads 0 for every model;
   * encodings (`run_checks`, `raise_on_failed`): every example encoded as training encodes it, checked for
     loss positions, a trained EOS, the prompt-prefix property and truncation. Stage 02 shows the same checks;
     stage 01 runs them first, so a truncation fails before the baseline spends compute, with the same message.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from labkit.card.consistency import category_metrics
 from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Data
 from labkit.data.pairs import check_pairs, encode_pairs
@@ -76,6 +79,34 @@ def check_references(data: Data, splits: dict[str, list[dict[str, Any]]], where:
                 origin = where.get(row["id"], "data.source")
                 raise DataError(f"{origin}: row id {row['id']!r} ({name} split): {problem}")
     return {name: len(rows) for name, rows in splits.items()}
+
+
+def check_category_key(card: Card, splits: dict[str, list[dict[str, Any]]]) -> None:
+    """Refuse a JSON card judged by a category metric whose evaluation references never hold the category key.
+
+    accuracy, macro_f1 and per_category_f1 compare the answer's `data.target_format.category_key` with the category
+    column; when no reference of the evaluated split holds that key (the category is a column only), no answer
+    trained on them will either, and the metric reads 0 for the base model and every run alike (a guardrail on it
+    could never fail).
+
+    Args:
+        card: the card (target format, fields, metrics, eval.split).
+        splits: rows per split (references already checked by `check_references`).
+    Raises:
+        DataError: one line naming the metric's key, the category key and the fix.
+    """
+    fmt, uses = card.data.target_format, category_metrics(card)
+    rows = splits.get(card.eval.split) or []
+    if fmt.kind != "json" or not fmt.category_key or not uses or not rows:
+        return
+    if any(fmt.category_key in json.loads(row["target"]) for row in rows):
+        return
+    key, name = uses[0]
+    raise DataError(f"{key}: {name} compares the answer's {fmt.category_key!r} key (data.target_format.category_key) "
+                    f"with the {card.data.fields.category!r} column, and no reference answer of the {card.eval.split} "
+                    f"split holds that key: {name} would read 0 for every model; set category_key to the JSON key "
+                    f"that holds the category (and list it in data.target_format.required_keys), or judge "
+                    "field_accuracy instead")
 
 
 def check_special_tokens(tokenizer: Any, splits: dict[str, list[dict[str, Any]]], where: dict[str, str]) -> None:

@@ -30,7 +30,8 @@ from labkit.core.protocol import check_data_version
 from labkit.core.runs import Run
 from labkit.data import leakage
 from labkit.data import sources as D
-from labkit.data.checks import check_references, check_special_tokens, raise_on_failed, run_checks
+from labkit.data.checks import (check_category_key, check_references, check_special_tokens, raise_on_failed,
+                                run_checks)
 from labkit.data.pairs import preference_manifest, rows_to_answer
 from labkit.data.prompting import encode_example, encode_rows
 from labkit.errors import LeakageError, MissingInput, SplitLocked, UsageError
@@ -174,6 +175,7 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
         rows, cleaning = D.apply_cleaning(card.data, rows, token_length)
         splits = D.split_rows(card.data, rows)
         references = check_references(card.data, splits, where)  # every split, before anything is evaluated
+        check_category_key(card, splits)
         check_special_tokens(tokenizer, splits, where)
         leak_report, _ = _apply_leakage(card.data.leakage, splits)
     planted = identity.pop("planted", None)

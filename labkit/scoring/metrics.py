@@ -205,8 +205,14 @@ def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any],
         use_stemmer: stem tokens for ROUGE (the card's eval.rouge.use_stemmer).
     Returns:
         (per-example rows with their scores, aggregated metrics; the metrics record the ROUGE settings under "rouge").
+        A JSON target whose references never hold `category_key` gets no predicted category, hence no accuracy,
+        macro_f1 or per-class F1: its category column only groups the rows.
     """
     scored = [{**r, **score_example(r["prediction"], r["target"], fmt, use_stemmer)} for r in rows]
+    key = fmt.get("category_key")
+    if fmt["kind"] == "json" and not any(key in (parse_json_answer(r["target"])[0] or {}) for r in rows if key):
+        for row in scored:  # the category is a column only: no answer names it, so no accuracy, F1 or confusion
+            row.pop("predicted_category", None)
     for row in scored:
         if row.get("category") is not None and "predicted_category" in row:
             row["correct"] = float(row["predicted_category"] == _norm(row["category"]))

@@ -75,6 +75,8 @@ NO_OPS = {  # body of a child of smoke.yaml → (the key faulted on its line, a 
                                         "data.target_format.required_keys", "remove it"),
     "category_key on a text target": ("data: {target_format: {category_key: topic}}\n",
                                       "data.target_format.category_key", "remove it"),
+    "no category_key with per_category_f1": ("data: {target_format: {category_key: null}}\n",  # smoke's guardrail
+                                             "data.target_format.category_key", "set category_key"),
 }
 
 
@@ -106,6 +108,8 @@ def test_the_same_keys_where_they_are_read_load(tmp_path: Path) -> None:
     }
     for name, body in fine.items():
         assert load_card(_child(tmp_path, body, f"{abs(hash(name))}.yaml")), name
+    no_category = "data: {target_format: {category_key: null}}\nexperiment: {guardrails: [{metric: json_valid_rate, min: 0}]}\n"
+    assert load_card(_child(tmp_path, no_category, "no-category.yaml")).card.data.target_format.category_key is None
     label = "data: {target_format: {kind: label, required_keys: [], category_key: category}}\n"  # the defaults
     assert load_card(_child(tmp_path, label, "label.yaml", "examples/own-data.yaml"))
 

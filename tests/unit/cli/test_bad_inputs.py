@@ -212,6 +212,16 @@ CASES = [
          args=DATA),
     Case("category-disagrees-validation", r"\(validation split\): the 'category' column .* disagrees",
          rows=_set(VAL_ROW, category="billing"), args=DATA),
+    Case("category-key-in-no-reference", r"error: experiment\.guardrails\.1\.metric: per_category_f1 compares the answer's "
+         r"'category' key \(data\.target_format\.category_key\) with the 'category' column, and no reference answer of "
+         r"the validation split holds that key: per_category_f1 would read 0 for every model; set category_key",
+         card={"data": {"target_format": {"required_keys": ["priority", "product"]}},
+               "experiment": {"guardrails": [{"metric": "json_valid_rate", "min": 0.0},
+                                             {"metric": "per_category_f1", "max_drop": 0.0}]}},
+         rows=lambda rows: [{**r, "answer": _answer(priority="low", product="P0")} for r in rows], args=DATA),
+    Case("category-key-null", r"card\.yaml:\d+: data\.target_format\.category_key: null, but experiment\.target\."
+         r"primary_metric is accuracy", card={"data": {"target_format": {"category_key": None}},
+                                              "experiment": {"target": {"primary_metric": "accuracy"}}}),
     Case("label-not-in-known-set", r"row id 'r005' \(train split\): reference label is not in the known label set",
          card=_merge(GOOD_LABELS, {"data": {"target_format": {"labels": list(CATS)}}}), rows=_set(5, category="other"),
          args=DATA),

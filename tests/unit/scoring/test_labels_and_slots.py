@@ -12,7 +12,7 @@ import pytest
 from labkit.core.io import read_jsonl
 from labkit.evaluate.verdict import paired
 from labkit.scoring.bootstrap import Columns, concentration_for, metric, paired_intervals
-from labkit.scoring.metrics import OTHER, per_class_f1, score_predictions
+from labkit.scoring.metrics import OTHER, per_class_f1, score_key, score_predictions
 from labkit.show.plots import confusion_counts
 
 DATA = Path(__file__).parent / "data"
@@ -105,3 +105,24 @@ def test_slot_f1_with_optional_keys() -> None:
     assert intervals["overall"]["slot_f1"]["tuned"]["value"] == pytest.approx(0.6)
     assert set(intervals["per_key"]["slot_f1"]) == {"category", "product", "order_id"}
     assert intervals["per_key"]["slot_f1"]["product"]["tuned"]["value"] == pytest.approx(2 / 3)
+
+
+def test_a_category_column_the_answers_never_name_scores_no_accuracy_and_groups_the_rows() -> None:
+    """A JSON target whose references lack `category_key` (the category is a column only): no predicted category,
+    so no accuracy, macro_f1 or per-class F1 (they would read 0 for every model), and the per-example score the
+    example tables compare is field accuracy; one reference holding the key brings them back."""
+    fmt = {"kind": "json", "required_keys": ["city", "date"], "optional_keys": [], "category_key": "category"}
+    refs = [{"city": "Oslo", "date": "2027-01-02"}, {"city": "Łódź", "date": "2027-03-04"}]
+    answers = [{"city": "Oslo", "date": "2027-01-02"}, {"city": "Lodz", "date": "2027-03-04"}]
+    rows = [{"id": f"e{i}", "category": kind, "target": json.dumps(r), "prediction": json.dumps(a)}
+            for i, (r, a, kind) in enumerate(zip(refs, answers, ["launch", "review"]))]
+    scored, metrics = score_predictions(rows, fmt)
+    assert not any("predicted_category" in r or "correct" in r for r in scored)
+    assert "accuracy" not in metrics["overall"] and "macro_f1" not in metrics["overall"] and "labels" not in metrics
+    assert {c: v["field_accuracy"] for c, v in metrics["per_category"].items()} == {"launch": 1.0, "review": 0.5}
+    assert not any("f1" in v for v in metrics["per_category"].values())
+    assert score_key(scored) == "field_accuracy"
+    rows[0]["target"] = json.dumps({**refs[0], "category": "launch"})
+    scored, metrics = score_predictions(rows, fmt)
+    assert all("predicted_category" in r for r in scored) and "accuracy" in metrics["overall"]
+    assert score_key(scored) == "correct"
