@@ -76,7 +76,7 @@ def execute_stage(run: R.Run, stage: str, nb_dir: Path, log: Callable[[str], Non
                                                  f"--IPKernelApp.exec_lines={start_line(run.dir, stage)}"])
     except pm.PapermillExecutionError as exc:
         seconds = stage_seconds(run.dir, stage) or time.monotonic() - start  # as `labkit runs --follow` prints it
-        error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:500]
+        error = f"{exc.ename}: {exc.evalue}".strip().splitlines()[0][:2000]  # the fix ends the line
         interrupted = exc.ename == "TrainingInterrupted"
         R.record(run, "stage_interrupted" if interrupted else "stage_failed", stage=stage, error=error,
                  cell=exc.exec_count, seconds=round(seconds, 1))

@@ -156,10 +156,24 @@ def run_checks(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]
 
 
 def raise_on_failed(checks: list[dict[str, Any]]) -> None:
-    """Stop the stage when a check failed, naming the check and the offending rows."""
-    failed = [c for c in checks if not c["ok"]]
-    if failed:
-        lines = [f"{c['split']}: {c['check']} — "
-                 + (f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}: " if c["failed_ids"] else "")
-                 + c["explanation"] for c in failed]
+    """Stop the stage when a check failed, naming the check, the offending rows of each split and the fix.
+
+    A check that fails in several splits for the same reason is one entry (its rows per split, the explanation
+    once), so every failed check's fix fits on the one line the command prints.
+
+    Args:
+        checks: the check rows (split, check, ok, failed, failed_ids, explanation) of `run_checks`.
+    Raises:
+        PreprocessingCheckFailed: one line, ` | ` between the failed checks.
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for c in checks:
+        if not c["ok"]:
+            groups.setdefault((c["check"], c["explanation"]), []).append(c)
+    if groups:
+        lines = []
+        for (check, explanation), failed in groups.items():
+            rows = [(f"{c['split']}: " if i else "") + f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}"
+                    for i, c in enumerate(failed) if c["failed_ids"]]
+            lines.append(f"{failed[0]['split']}: {check} — " + (f"{'; '.join(rows)}: " if rows else "") + explanation)
         raise PreprocessingCheckFailed(" | ".join(lines))

@@ -52,6 +52,28 @@ def test_item1_bad_reference_fails_stage_01_before_the_baseline_and_item3_status
     assert again.returncode == 2, again.stderr  # the same exit code from `labkit run`
 
 
+def test_every_failed_check_keeps_its_fix_on_the_one_error_line(tmp_path: Path) -> None:
+    """Qwen3's template without enable_thinking: false, and a max_length that truncates: three encoding checks fail
+    in both splits. Each is named once with its rows per split, and the line the command prints ends with the last
+    check's fix (a cut line used to lose it)."""
+    raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    raw["experiment"]["id"] = "qwen3-no-fix"
+    raw["model"]["source"] = "tiny:qwen3"
+    raw["data"].update(cleaning=["normalise_whitespace", "drop_empty"], max_length=40)
+    card = tmp_path / "qwen3.yaml"
+    card.write_text(yaml.safe_dump(raw))
+    proc = labkit("stage", "baseline", str(card), runs=tmp_path / "runs")
+    assert proc.returncode == 1, proc.stderr  # a failed check (labkit.errors.PreprocessingCheckFailed)
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("labkit: error:")]
+    checks = line.split(" | ")
+    assert len(checks) == len({c.split(" — ")[0].split(": ", 1)[-1] for c in checks}) >= 2, line  # one entry per check
+    truncated = next(c for c in checks if "no example truncated by max_length" in c)
+    assert "train: no example truncated" in truncated and "; validation: " in truncated, truncated
+    assert truncated.count("raise max_length") == 1, truncated  # the explanation once, for both splits
+    assert line.split(" (executed notebook: ")[0].endswith(
+        "set data.prompt.chat_template_kwargs: {enable_thinking: false}, which moves it into the prompt"), line
+
+
 def test_item3_stage_alone_ends_completed(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
     proc = labkit("stage", "baseline", "params/smoke.yaml", runs=runs)
