@@ -245,13 +245,15 @@ def check_encoded(tokenizer: Any, rows: list[dict[str, Any]], encoded: list[Enco
     same = "pad = EOS" if tokenizer.pad_token_id == eos else "pad ≠ EOS"
     return [
         {"check": "every example has loss positions", "ok": not no_loss, "failed_ids": no_loss,
-         "explanation": "an example with no completion tokens teaches nothing (prompt longer than max_length?)"},
+         "explanation": "an example with no completion tokens teaches nothing: an empty answer, or a prompt that fills "
+                        "data.max_length (raise max_length, or drop such rows: data.cleaning {drop_longer_than_tokens: N})"},
         {"check": "completion ends with EOS and the EOS carries loss", "ok": not no_eos, "failed_ids": no_eos,
          "explanation": "without a trained EOS the model does not learn to stop and rambles at inference"},
         {"check": "prompt alone is a token prefix of prompt + completion", "ok": not not_prefix, "failed_ids": not_prefix,
          "explanation": "otherwise the model is trained on a context it never sees at inference"},
         {"check": "no example truncated by max_length", "ok": not truncated, "failed_ids": truncated,
-         "explanation": "a truncated completion loses its EOS and part of the answer; raise max_length or drop long rows"},
+         "explanation": "a truncated completion loses its EOS and part of the answer; raise max_length or drop long rows "
+                        "(data.cleaning {drop_longer_than_tokens: N}: stage 02 plots the lengths)"},
         {"check": "the answer follows the prompt directly", "ok": not inserted, "failed_ids": list(inserted),
          "explanation": (f"the chat template writes {next(iter(inserted.values()))!r} between the prompt and the answer: "
                          "the model learns to generate it before every answer, and the evaluation reads it as part of "
