@@ -143,19 +143,14 @@ def keys_of_a_non_json_target(card: Card) -> Problem | None:
 
 
 def category_metrics(card: Card) -> list[tuple[str, str]]:
-    """The metrics a card judges or reports that compare the answer's category with the category column.
+    """The metrics a card names that compare the answer's category with the category column.
 
     Args:
-        card: a validated card.
+        card: a validated card (its metric names are known).
     Returns:
-        (dotted key, metric name) per use: primary metric, guardrails, eval.metrics, early stopping.
+        (dotted key, metric name) per use (`Card.metric_uses`).
     """
-    uses = [("experiment.target.primary_metric", card.experiment.target.primary_metric)]
-    uses += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(card.experiment.guardrails)]
-    uses += [(f"eval.metrics.{i}", m) for i, m in enumerate(card.eval.metrics)]
-    if card.train.early_stopping is not None:
-        uses.append(("train.early_stopping.metric", card.train.early_stopping.metric))
-    return [(key, name) for key, name in uses if METRICS.get(name, ("",))[0] == "category"]
+    return [(key, name) for key, name in card.metric_uses() if METRICS[name][0] == "category"]
 
 
 def category_metric_without_key(card: Card) -> Problem | None:

@@ -19,10 +19,8 @@ from labkit.scoring.names import METRICS, RUN_METRICS, TWO_SIDED
 # train.optimizer -> (bytes of optimiser state per trainable parameter, the transformers Trainer's `optim` name);
 # the card validates against it, the trainer passes the name on and stage 03's memory estimate counts the bytes
 OPTIMIZERS = {
-    "adamw": (8.0, "adamw_torch_fused"),
-    "adamw_8bit": (2.0, "adamw_bnb_8bit"),
-    "paged_adamw_8bit": (2.0, "paged_adamw_8bit"),
-    "paged_adamw_32bit": (8.0, "paged_adamw_32bit"),
+    "adamw": (8.0, "adamw_torch_fused"), "adamw_8bit": (2.0, "adamw_bnb_8bit"),
+    "paged_adamw_8bit": (2.0, "paged_adamw_8bit"), "paged_adamw_32bit": (8.0, "paged_adamw_32bit"),
 }
 
 
@@ -296,19 +294,22 @@ class Card(Strict):
                              "model.dtype: float32 (fp16 autocast keeps float32 master weights) or auto")
         return self
 
+    def metric_uses(self) -> list[tuple[str, str]]:
+        """(dotted key, metric name) of each metric of answers the card names (early stopping's eval_loss is none)."""
+        stop = self.train.early_stopping
+        return [("experiment.target.primary_metric", self.experiment.target.primary_metric),
+                *((f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(self.experiment.guardrails)),
+                *((f"eval.metrics.{i}", m) for i, m in enumerate(self.eval.metrics)),
+                *([("train.early_stopping.metric", stop.metric)] if stop and stop.metric != "eval_loss" else [])]
+
     @model_validator(mode="after")
     def _metrics_known(self) -> "Card":
-        names = [("experiment.target.primary_metric", self.experiment.target.primary_metric)]
-        names += [(f"experiment.guardrails.{i}.metric", g.metric) for i, g in enumerate(self.experiment.guardrails)]
-        names += [(f"eval.metrics.{i}", m) for i, m in enumerate(self.eval.metrics)]
-        stopping = self.train.early_stopping
-        if stopping is not None and stopping.metric != "eval_loss":
-            names.append(("train.early_stopping.metric", stopping.metric))
-            if self.distributed.strategy == "fsdp":
-                raise ValueError("train.early_stopping.metric: a generation metric cannot be computed under "
-                                 "distributed.strategy fsdp (sharded weights are gathered by every rank in lockstep, "
-                                 "and each rank would generate its own batches); use eval_loss, or strategy ddp")
-        for where, name in names:
+        stop = self.train.early_stopping
+        if self.distributed.strategy == "fsdp" and stop is not None and stop.metric != "eval_loss":
+            raise ValueError("train.early_stopping.metric: a generation metric cannot be computed under "
+                             "distributed.strategy fsdp (sharded weights are gathered by every rank in lockstep, "
+                             "and each rank would generate its own batches); use eval_loss, or strategy ddp")
+        for where, name in self.metric_uses():
             if name not in METRICS:
                 raise ValueError(f"{where}: unknown metric {name!r} (expected one of {', '.join(METRICS)})")
             needs = METRICS[name][0]
@@ -316,6 +317,9 @@ class Card(Strict):
                 raise ValueError(f"{where}: {name} needs data.target_format.kind: json")
             if needs == "category" and (self.data.fields.category is None or self.data.target_format.kind == "text"):
                 raise ValueError(f"{where}: {name} needs data.fields.category and a json or label target")
+            if where.startswith("eval.metrics.") and name in RUN_METRICS:
+                raise ValueError(f"{where}: {name} is a run metric (read from the run's training files, not "
+                                 "computed from answers); use it as experiment.target.primary_metric or a guardrail")
         if self.experiment.target.primary_metric == "per_category_f1":
             raise ValueError("experiment.target.primary_metric: per_category_f1 is a guardrail, not a single number")
         if self.experiment.target.primary_metric in TWO_SIDED:
@@ -325,10 +329,6 @@ class Card(Strict):
             if rail.metric in TWO_SIDED and rail.max_drop is not None:
                 raise ValueError(f"experiment.guardrails.{i}.max_drop: {rail.metric} has no good direction, so a drop "
                                  "is not defined; bound it with min and max (e.g. min: 0.5, max: 1.5)")
-        for i, name in enumerate(self.eval.metrics):
-            if name in RUN_METRICS:
-                raise ValueError(f"eval.metrics.{i}: {name} is a run metric (read from the run's training files, not "
-                                 "computed from answers); use it as experiment.target.primary_metric or a guardrail")
         self._run_metrics_have_a_reference()
         return self
 

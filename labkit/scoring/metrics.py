@@ -210,7 +210,8 @@ def score_predictions(rows: list[dict[str, Any]], fmt: dict[str, Any],
     """
     scored = [{**r, **score_example(r["prediction"], r["target"], fmt, use_stemmer)} for r in rows]
     key = fmt.get("category_key")
-    if fmt["kind"] == "json" and not any(key in (parse_json_answer(r["target"])[0] or {}) for r in rows if key):
+    named = bool(key) and any(key in (parse_json_answer(r["target"])[0] or {}) for r in rows)
+    if fmt["kind"] == "json" and not named:
         for row in scored:  # the category is a column only: no answer names it, so no accuracy, F1 or confusion
             row.pop("predicted_category", None)
     for row in scored:
