@@ -4,6 +4,7 @@ that call, show and explain: they write no file and assemble no summary (the sta
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import nbformat
@@ -163,6 +164,13 @@ def test_committed_without_outputs(stage: str) -> None:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, f"{stage}: strip outputs before committing"
         assert "papermill" not in cell.metadata
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_every_cell_has_its_own_id(stage: str) -> None:
+    """nbformat 4.5 cells carry an id; without one every papermill run warns "Cell is missing an id field"."""
+    ids = [cell.get("id") for cell in json.loads((NB_DIR / NOTEBOOKS[stage]).read_text())["cells"]]
+    assert None not in ids and len(set(ids)) == len(ids), f"{stage}: cell ids {ids}"
 
 
 @pytest.mark.parametrize("stage", STAGES)
