@@ -3,6 +3,7 @@ ends each card's output (one line per card again at the very end when several ra
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -111,11 +112,35 @@ def text_table(rows: list[dict[str, Any]], width: int = WIDTH, flex: str | None 
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
 
 
-def _short_run(run_id: str) -> str:
-    """A run id for a table cell: its variant (cut at 12) and its start as MMDDTHHMM ("lora-r16 1202T2230"); other ids
-    as they are, cut at 22."""
-    found = re.match(r"^(.*)-\d{4}(\d{4}T\d{4})\d{2}Z-[0-9a-f]{8}$", run_id)
-    return f"{cut(found.group(1), 12)} {found.group(2)}" if found else cut(run_id, 22)
+_RUN_ID = re.compile(r"^(.*)-\d{4}(\d{4}T\d{4})\d{2}Z-[0-9a-f]{8}$")
+
+
+def short_runs(run_ids: list[str]) -> dict[str, str]:
+    """Run ids as table cells: the variant and its start as MMDDTHHMM ("lora-r16 1202T2230"), told apart.
+
+    Variants up to 20 characters are shown whole. Longer ones often share a prefix with the others of the experiment
+    ("quickstart-lora-r16-earlystop", "quickstart-qlora-r16"): the prefix all the table's variants share (up to a
+    "-", "_" or ".") is then shown as "…", and a variant still over 20 characters is cut in the middle. Other ids
+    are kept, cut at 22.
+
+    Args:
+        run_ids: the ids of one table.
+    Returns:
+        {run id: cell}.
+    """
+    variants = {m.group(1) for m in map(_RUN_ID.match, run_ids) if m}
+    long = len(variants) > 1 and max(map(len, variants)) > 20
+    shared = os.path.commonprefix(sorted(variants)) if long else ""
+    shared = shared[:max(shared.rfind(sep) for sep in "-_.") + 1]
+    out = {}
+    for run_id in run_ids:
+        found = _RUN_ID.match(run_id)
+        if not found:
+            out[run_id] = cut(run_id, 22)
+            continue
+        variant = "…" + found.group(1)[len(shared):] if shared else found.group(1)
+        out[run_id] = f"{variant if len(variant) <= 20 else variant[:9] + '…' + variant[-10:]} {found.group(2)}"
+    return out
 
 
 def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs: list[dict[str, Any]],
@@ -133,12 +158,14 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
         the lines.
     """
     table, notes = [], []
+    short = short_runs([r["run_id"] for r in comparison["runs"]]
+                       + [p[side] for p in comparison.get("pairs") or [] for side in ("a", "b") if p.get("seeds") is None])
     named = {str(c.get("primary", "")).split(" = ")[0] for c in flat if c.get("primary")}
     metric = named.pop() if len(named) == 1 else "primary"
     for row, cells in zip(comparison["runs"], flat):
         steps = row.get("training_steps")
         primary = str(cells.get("primary", "—")).split(" [")[0]
-        table.append({"run": _short_run(row["run_id"]), "status": cells["status"],
+        table.append({"run": short[row["run_id"]], "status": cells["status"],
                       metric: primary.split(" = ")[-1] if metric != "primary" else primary,
                       "gain [95% CI]": cells.get("gain vs reference [95% CI]", "—"),
                       "w/l/t": cells.get("wins/losses/ties", "—"),
@@ -148,7 +175,7 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
         said += [f"guardrail failed: {g}" for g in row.get("guardrails_failed") or []]
         if row.get("reason") and row["status"] != "completed":
             said.append(row["reason"])
-        notes += ["  " + cut(f"{_short_run(row['run_id'])}: {x}", width - 2) for x in said]
+        notes += ["  " + cut(f"{short[row['run_id']]}: {x}", width - 2) for x in said]
     lines = [cut(f"experiment {comparison['experiment']}: {len(table)} run(s), gain against each card's reference; "
                  f"reference protocol: run {comparison.get('reference')}", width)]
     lines += text_table(table, width, flex="run")
@@ -159,7 +186,7 @@ def compare_lines(comparison: dict[str, Any], flat: list[dict[str, Any]], pairs:
         for raw, p in zip(comparison.get("pairs") or [], pairs):
             steps = raw.get("steps") or {"comparable": True}
             one = raw.get("seeds") is None  # a pair of runs, not of variants across seeds
-            rows.append({"A": _short_run(raw["a"]) if one else p["A"], "B": _short_run(raw["b"]) if one else p["B"],
+            rows.append({"A": short[raw["a"]] if one else p["A"], "B": short[raw["b"]] if one else p["B"],
                          "metric": p["metric"], "B − A [95% CI]": p["B − A [95% CI]"].split(" · NOT COMPARABLE")[0],
                          "B w/l/t": p["B wins/losses/ties"],
                          "comparable": "yes" if steps["comparable"] else f"NO: {steps['a']} vs {steps['b']} steps"})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from labkit.cli.summary import compare_lines, cut, text_table
+from labkit.cli.summary import compare_lines, cut, short_runs, text_table
 from labkit.evaluate.verdict_text import verdict_line
 
 PRIMARY = {"metric": "field_accuracy", "ok": False, "reference": 0.1, "baseline": 0.1, "tuned": 0.15, "gain": 0.05,
@@ -69,7 +69,20 @@ def test_compare_lines_fit_118_columns_and_keep_the_flags_as_notes() -> None:
     assert "completed (budget)" in text and "NOT CONFIRMED" in text and "+0.050 [-0.017, +0.117]" in text
     assert "-0.267 [-0.350, -0.183]" in text and "run against run (B − A on field_accuracy):" in text
     assert lines[3].split()[-1] == "CONFIRMED" and lines[4].endswith("NOT CONFIRMED")  # the decision word alone
-    assert "lora-r4-wit… 1202T2245" in text  # a run id: its variant's start and its start time
-    assert "  lora-r4-wit… 1202T2245: budget-stopped at 8/24 steps" in lines
+    assert "…r4-with-…riant-name 1202T2245" in text  # a run id: its variant (shared prefix "…") and its start
+    assert "  …r4-with-…riant-name 1202T2245: budget-stopped at 8/24 steps" in lines
     assert any(line.endswith("guardrail failed: stop_rate") for line in lines)
     assert "NO: 24/24 vs 8/24 steps" in text and "NOT COMPARABLE" not in lines[-1]
+
+
+def test_variants_that_share_a_long_prefix_stay_apart() -> None:
+    start = "-20261205T232000Z-248da0a7"
+    family = ["quickstart-lora-r16", "quickstart-qlora-r16", "quickstart-lora-r16-earlystop", "quickstart-dpo"]
+    cells = short_runs([v + start for v in family])
+    assert list(cells.values()) == ["…lora-r16 1205T2320", "…qlora-r16 1205T2320", "…lora-r16-earlystop 1205T2320",
+                                    "…dpo 1205T2320"]
+    short = ["gemma2-lora-r8", "gemma2-lora-r16-long"]  # 20 characters or fewer: whole
+    assert list(short_runs([v + start for v in short]).values()) == [v + " 1205T2320" for v in short]
+    (alone,) = short_runs(["a-single-variant-named-at-length" + start]).values()  # cut in the middle, time kept
+    assert alone == "a-single-…-at-length 1205T2320"
+    assert short_runs(["not-a-run-id-of-labkit-at-all"]) == {"not-a-run-id-of-labkit-at-all": "not-a-run-id-of-labki…"}
