@@ -143,7 +143,8 @@ class Fields(Strict):
     id: str | None = "id"
     group: str | None = Field(
         default=None, description="column of the source an example shares with others (a dialogue, a document id): "
-        "the verdict's bootstrap interval then resamples whole groups (docs/deciding.md); null: examples are independent")
+        "the seeded split keeps each group on one side, a group in two given splits is leakage, and the verdict's "
+        "bootstrap interval resamples whole groups (docs/cards.md#leakage); null: examples are independent")
     rejected: str | None = Field(
         default=None, description="column of the rejected answer: preference pairs for train.trainer dpo/orpo (the "
         "target is the chosen answer, which evaluation still compares against)")

@@ -122,8 +122,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_data(loaded: Any, root: Path) -> dict[str, int]:
-    """Stage 01's preparation in memory (model source resolved for its tokenizer): split sizes; writes no run."""
+def _check_data(loaded: Any, root: Path) -> str:
+    """Stage 01's preparation in memory (model source resolved for its tokenizer): a line of split sizes (and groups,
+    with data.fields.group); writes no run."""
     from labkit.core.protocol import pin_card, pinned
     from labkit.data.prepare import checked_splits
     from labkit.model.loading import load_tokenizer
@@ -132,7 +133,13 @@ def _check_data(loaded: Any, root: Path) -> dict[str, int]:
     card = pinned(loaded.card, pin_card(loaded.card, root, loaded.card.experiment.id))  # revision: resolve → the experiment's commit (asked once), not recorded
     tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
     derived, _ = checked_splits(card, tokenizer)
-    return {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
+    sizes = {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
+    line = ", ".join(f"{k} {v}" for k, v in sizes.items()) + " rows"
+    if card.data.fields.group:
+        shared = derived.leakage["groups_across_splits"]
+        groups = len({r["group"] for rows in derived.splits.values() for r in rows})
+        line += f" in {groups} groups ({len(shared) or 'none'} in more than one split)"
+    return line + "; every reference and encoding check passes"
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -146,15 +153,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
-            sizes = _check_data(loaded, _root(args, loaded.path.parent)) if args.data else None
+            data_line = _check_data(loaded, _root(args, loaded.path.parent)) if args.data else None
         except LabkitError as exc:
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
             continue
         print(f"{loaded.path}: ok ({loaded.card.experiment.id}/{loaded.card.experiment.variant}, hash {loaded.hash})")
-        if sizes:
-            print("  data: " + ", ".join(f"{k} {v}" for k, v in sizes.items()) + " rows; every reference and encoding "
-                  "check passes")
+        if data_line:
+            print("  data: " + data_line)
         for parent in loaded.chain[1:]:
             print(f"  parent: {parent}")
         if len(loaded.chain) > 1:

@@ -43,6 +43,7 @@ class SplitRecord(TypedDict):
     spec: dict[str, Any]  # the card's data.split
     sizes: dict[str, int]  # train, validation, test
     sha256: dict[str, str]  # per split (test included: `labkit final` checks the re-derived rows against it)
+    groups: dict[str, int]  # per split, its distinct data.fields.group values (empty without a group field)
 
 
 # the manifest's `tokenizer`: which tokenizer encoded the data ("class" is not an identifier: the functional form)
@@ -82,7 +83,8 @@ def _tokenizer_identity(tokenizer: Any, revision: str) -> TokenizerIdentity:
 
 
 def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
-    """Find duplicate pairs within and across the splits and apply `data.leakage` (`spec`) to them, in place."""
+    """Find duplicate pairs within and across the splits, and groups (data.fields.group) in more than one split, and
+    apply `data.leakage` (`spec`) to them, in place (drop_from_train drops the training rows of such a group)."""
     pairs = leakage.find_duplicates({name: [(r["id"], r["input"]) for r in rows] for name, rows in splits.items()},
                                     threshold=spec.near_duplicate_threshold)
     cross = [p for p in pairs if p["a_split"] != p["b_split"]]
@@ -100,18 +102,28 @@ def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tu
         raise LeakageError(f"data.leakage: {len(cross)} train/eval duplicate pair(s), e.g. {first['a_split']}:{first['a_id']} ~ "
                            f"{first['b_split']}:{first['b_id']} ({first['similarity']}); policy is fail "
                            "(fix the data or set data.leakage.policy: drop_from_train)")
+    shared = D.groups_across_splits(splits)  # only given splits can share a group: split_rows keeps groups whole
+    if shared and spec.policy == "fail":
+        first = shared[0]
+        raise LeakageError(f"data.leakage: {len(shared)} group(s) of data.fields.group in more than one split, e.g. "
+                           f"{first['group']!r} ({', '.join(f'{k} {v}' for k, v in first['rows'].items())} rows); policy "
+                           "is fail (keep each group in one split or set data.leakage.policy: drop_from_train)")
     if spec.policy == "drop_from_train":
         for p in cross:
             for side in ("a", "b"):
                 if p[f"{side}_split"] == "train":
                     dropped.append(p[f"{side}_id"])
+        shared_ids = {g["group"] for g in shared}  # each is in validation or test too
+        dropped += [r["id"] for r in splits["train"] if r.get("group") in shared_ids]
         gone = set(dropped)
         splits["train"] = [r for r in splits["train"] if r["id"] not in gone]
         if not splits["train"]:
-            raise D.DataError("data.leakage: every training row duplicates an evaluation row (nothing left to train on)")
+            raise D.DataError("data.leakage: every training row duplicates an evaluation row or shares its group "
+                              "(nothing left to train on)")
     report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
               "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
-              "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped))}
+              "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped)),
+              "groups_across_splits": shared}
     return report, pairs
 
 
@@ -286,7 +298,8 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
         "cleaning": [{k: v for k, v in step.items() if k != "removed_ids"} | {"removed_ids": step["removed_ids"][:50]}
                      for step in cleaning],
         "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
-                  "sha256": split_hashes},
+                  "sha256": split_hashes, "groups": {k: len({r["group"] for r in v}) for k, v in splits.items()
+                                                     if card.data.fields.group}},
         "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
         "references": {"kind": card.data.target_format.kind, "checked": derived.references},
         "tokenizer": _tokenizer_identity(tokenizer, model_revision),

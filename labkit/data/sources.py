@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
@@ -232,10 +232,12 @@ def _target_follows(target: str, schema: dict[str, Any]) -> bool:
 def split_rows(data: Data, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Seeded split into train/validation/test, stratified by category when the card says so.
 
-    Every stratum is ordered by a seeded hash of the row ids and cut by the card's fractions
-    (rounded, at least one validation row per stratum of 3+ rows), so the split does not depend on
-    the order of the source rows. With `data.split.field` (a column) or `data.split.from_source` (the source's
-    splits) the data's own splits are kept.
+    The unit of the split is a row, or with `data.fields.group` every row of one group, so that a group stays on one side.
+    The units of every stratum (a group's stratum: its most frequent category, ties by name) are ordered by a seeded
+    hash of their ids and cut by the card's fractions (rounded, at least one validation unit per stratum of 3+
+    units), so the split does not depend on the order of the source rows. With `data.split.field` (a column) or
+    `data.split.from_source` (the source's splits) the data's own splits are kept (a group they share is leakage:
+    `labkit.data.prepare` applies `data.leakage.policy` to it).
 
     Returns:
         {"train": [...], "validation": [...], "test": [...]} with rows sorted by id.
@@ -246,26 +248,55 @@ def split_rows(data: Data, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
             name: sorted(({k: v for k, v in r.items() if k != "split"} for r in rows if r["split"] == name),
                          key=lambda r: r["id"]) for name in SPLITS}
         return _check_splits(data.fields, given, len(rows))
-    strata: dict[str, list[dict[str, Any]]] = defaultdict(list)
     stratify = spec.stratify
     if stratify and stratify != "category":
         raise DataError(f"data.split.stratify: {stratify!r}: only 'category' (the mapped category field) or null is supported")
-    for row in rows:
-        strata[str(row.get("category")) if stratify else "all"].append(row)
+    strata = _split_units(rows, bool(stratify))
     out: dict[str, list[dict[str, Any]]] = {name: [] for name in SPLITS}
     for key in sorted(strata):
-        members = sorted(strata[key], key=lambda r: sha256_text(f"{spec.seed}:{r['id']}"))
-        n = len(members)
+        units = sorted(strata[key], key=lambda unit: sha256_text(f"{spec.seed}:{unit[0]}"))
+        n = len(units)
         n_val, n_test = round(n * spec.validation), round(n * spec.test)
         if n >= 3:
             n_val = max(n_val, 1)
             n_test = max(n_test, 1) if spec.test > 0 else 0
-        out["validation"] += members[:n_val]
-        out["test"] += members[n_val:n_val + n_test]
-        out["train"] += members[n_val + n_test:]
+        for name, chosen in (("validation", units[:n_val]), ("test", units[n_val:n_val + n_test]),
+                             ("train", units[n_val + n_test:])):
+            out[name] += [row for _, members in chosen for row in members]
     for name in SPLITS:
         out[name].sort(key=lambda r: r["id"])
     return _check_splits(data.fields, out, len(rows))
+
+
+def _split_units(rows: list[dict[str, Any]], stratify: bool) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
+    """The units of the split by stratum: (row id, [row]), or (group, its rows) for rows carrying a "group"."""
+    units: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        units[("group", row["group"]) if "group" in row else ("row", row["id"])].append(row)
+    strata: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
+    for (_, key), members in units.items():
+        stratum = "all"
+        if stratify:
+            counts = Counter(str(r.get("category")) for r in members)
+            stratum = min(counts, key=lambda c: (-counts[c], c))
+        strata[stratum].append((key, members))
+    return strata
+
+
+def groups_across_splits(splits: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The groups (data.fields.group) whose rows lie in more than one split.
+
+    Args:
+        splits: split name -> rows (a row carries "group" when the card maps one).
+    Returns:
+        [{"group": id, "rows": {split: count}}], sorted by group; empty without groups.
+    """
+    where: dict[str, dict[str, int]] = defaultdict(dict)
+    for name, rows in splits.items():
+        for row in rows:
+            if "group" in row:
+                where[row["group"]][name] = where[row["group"]].get(name, 0) + 1
+    return [{"group": g, "rows": counts} for g, counts in sorted(where.items()) if len(counts) > 1]
 
 
 def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:

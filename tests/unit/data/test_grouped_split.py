@@ -1,0 +1,125 @@
+"""Examples that share a source (`data.fields.group`): the seeded split keeps each group on one side, and a group that
+given splits share is leakage under `data.leakage.policy`."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import REPO
+
+from labkit.card.load import load_card
+from labkit.cli.main import main as cli_main
+from labkit.data import sources as D
+from labkit.data.prepare import derive_splits
+from labkit.errors import LeakageError
+
+TEAMS = ("infra", "payments", "mobile", "legal")
+
+
+def _notes(n_groups: int = 60, seed: int = 4) -> list[dict]:
+    """Meeting notes in threads of 1-5 notes; a thread's notes share a team, now and then one of another team."""
+    rng = random.Random(seed)
+    rows = []
+    for g in range(n_groups):
+        team = TEAMS[g % len(TEAMS)]
+        for k in range(rng.randint(1, 5)):
+            other = rng.random() < 0.15 and k > 0
+            rows.append({"note": f"thread {g} note {k}: {' '.join(rng.choice(['plan', 'ship', 'fix', 'review', 'call', 'budget', 'hire', 'audit']) for _ in range(12))} {g * 31 + k}",
+                         "summary": f"{team} decided item {g}-{k}", "team": rng.choice(TEAMS) if other else team,
+                         "note_id": f"n{g:03d}-{k}", "thread": f"th{g:03d}"})
+    return rows
+
+
+def _card(folder: Path, rows: list[dict], group: str | None = "thread", **data) -> Path:
+    (folder / "notes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = yaml.safe_load((REPO / "params" / "examples" / "dialogue-summary-smollm2.yaml").read_text())
+    raw["model"] = {"source": "tiny:llama", "dtype": "float32"}
+    raw["data"].update({"source": {"path": "notes.jsonl"}, "cleaning": [],
+                        "fields": {"input": "note", "target": "summary", "category": "team", "id": "note_id",
+                                   "group": group}, **data})
+    path = folder / "card.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _split(folder: Path, rows: list[dict], group: str | None = "thread") -> dict[str, list[dict]]:
+    data = load_card(_card(folder, rows, group)).card.data
+    return D.split_rows(data, D.map_fields(data, rows))
+
+
+def test_a_group_stays_on_one_side_stratified_by_its_usual_category(tmp_path: Path) -> None:
+    rows = _notes()
+    splits = _split(tmp_path, rows)
+    assert D.groups_across_splits(splits) == []
+    assert sum(map(len, splits.values())) == len(rows) and all(splits.values())
+    for name in D.SPLITS:  # every thread's notes are together in one split
+        for r in splits[name]:
+            assert all(o["note_id"] in {x["id"] for x in splits[name]} for o in rows if o["thread"] == r["group"])
+    threads = {name: sorted({r["group"] for r in splits[name]}) for name in D.SPLITS}
+    teams: dict[str, list[str]] = {}
+    for r in rows:
+        teams.setdefault(r["thread"], []).append(r["team"])
+    usual = {t: min(v, key=lambda team: (-v.count(team), team)) for t, v in teams.items()}  # ties: by name
+    assert usual != {f"th{g:03d}": TEAMS[g % len(TEAMS)] for g in range(60)}  # a thread's other-team notes can decide
+    for team in TEAMS:  # each team's threads, not rows, are cut: round(n x 0.15) to validation and to test
+        n = sum(v == team for v in usual.values())
+        got = [len([t for t in threads[name] if usual[t] == team]) for name in ("validation", "test")]
+        assert got == [round(n * 0.15)] * 2, (team, n, got)
+    shuffled = rows[:]
+    random.Random(1).shuffle(shuffled)
+    assert _split(tmp_path, shuffled) == splits  # the order of the source rows does not matter
+
+
+def test_without_a_group_each_row_is_its_own_unit(tmp_path: Path) -> None:
+    rows = _notes()
+    plain = _split(tmp_path, rows, group=None)
+    assert D.groups_across_splits(plain) == []  # rows carry no group
+    assert all("group" not in r for split in plain.values() for r in split)
+    as_own_group = _split(tmp_path, [{**r, "thread": r["note_id"]} for r in rows])
+    assert {k: [r["id"] for r in v] for k, v in as_own_group.items()} == {k: [r["id"] for r in v] for k, v in plain.items()}
+    grouped = _split(tmp_path, rows)
+    assert D.groups_across_splits({k: [{**r, "group": r["id"].split("-")[0]} for r in v] for k, v in plain.items()})
+    assert grouped["validation"] != plain["validation"]  # a row split scatters the threads that the grouped one keeps
+
+
+def test_a_group_shared_by_given_splits_is_leakage(tmp_path: Path, tiny_model, capsys) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model.location)
+    rows = _notes(24)
+    for r in rows:  # splits given by thread ...
+        n = int(r["thread"][2:])
+        r["split"] = "validation" if n % 6 == 1 else "test" if n % 6 == 2 else "train"
+    threads = [t for t in sorted({r["thread"] for r in rows if r["split"] == "train"})
+               if sum(r["thread"] == t for r in rows) >= 2][:2]
+    into = dict(zip(threads, ("validation", "test")))
+    for t, name in into.items():  # ... but two training threads have one note in validation or test
+        next(r for r in rows if r["thread"] == t)["split"] = name
+    size = {t: sum(r["thread"] == t for r in rows) for t in threads}
+
+    derived = derive_splits(load_card(_card(tmp_path, rows, split={"field": "split"})).card, tok)
+    assert derived.leakage["groups_across_splits"] == [{"group": t, "rows": {"train": size[t] - 1, into[t]: 1}}
+                                                       for t in threads]
+    dropped = sorted(r["note_id"] for r in rows if r["thread"] in into and r["split"] == "train")
+    assert derived.leakage["dropped_from_train"] == dropped  # drop_from_train: the group's training rows
+    assert not {r["group"] for r in derived.splits["train"]} & set(into)
+    assert {r["group"] for r in derived.splits["validation"] + derived.splits["test"]} >= set(into)
+
+    card = load_card(_card(tmp_path, rows, split={"field": "split"}, leakage={"policy": "report"})).card
+    kept = derive_splits(card, tok)
+    assert kept.leakage["dropped_from_train"] == [] and len(kept.leakage["groups_across_splits"]) == 2
+    card = load_card(_card(tmp_path, rows, split={"field": "split"}, leakage={"policy": "fail"})).card
+    with pytest.raises(LeakageError, match=rf"2 group\(s\) of data\.fields\.group in more than one split, e\.g\. "
+                                           rf"'{threads[0]}' \(train {size[threads[0]] - 1}, validation 1 rows\); "
+                                           r"policy is fail \(keep each group in one split"):
+        derive_splits(card, tok)
+
+    assert cli_main(["check", "--data", str(_card(tmp_path, rows, split={"field": "split"}))]) == 0
+    assert "rows in 24 groups (2 in more than one split)" in capsys.readouterr().out
+    fractions = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2})
+    assert cli_main(["check", "--data", str(fractions)]) == 0
+    assert "rows in 24 groups (none in more than one split)" in capsys.readouterr().out
