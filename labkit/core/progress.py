@@ -211,7 +211,9 @@ class Follower:
             if event.get("phase") == STAGE:
                 continue
             kind = "eval" if event.get("eval_loss") is not None else ""  # a validation pass does not hide a step
-            self._pending[(event.get("stage"), event.get("phase"), event.get("label"), kind)] = event
+            key = (event.get("stage"), event.get("phase"), event.get("label"), kind)
+            self._pending.pop(key, None)  # to the end: `poll` prints in the order the newest events came
+            self._pending[key] = event
 
     def quiet(self, now: float | None = None) -> str | None:
         """The "no update for N min" line when a stage is under way and has said nothing for `quiet_after` seconds

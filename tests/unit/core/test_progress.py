@@ -44,6 +44,15 @@ def test_follower_prints_the_newest_update_per_phase_and_always_the_last(tmp_pat
     assert follower.poll() == ["    training: step 8/8 · loss 2", "    training: step 8/8 · eval_loss 2.5"]
 
 
+def test_updates_print_oldest_first(tmp_path: Path) -> None:
+    path = tmp_path / progress.FILE
+    follower = progress.Follower(tmp_path, interval=3600)
+    train = {"stage": "training", "phase": "train", "total": 8}
+    steps = [{"done": 2, "loss": 3.0}, {"done": 2, "eval_loss": 3.2}, {"done": 4, "loss": 2.5}]
+    path.write_text("".join(json.dumps({**train, **e}) + "\n" for e in steps))
+    assert follower.poll(flush=True) == ["    training: step 2/8 · eval_loss 3.2", "    training: step 4/8 · loss 2.5"]
+
+
 
 def test_a_task_reports_its_start_and_its_end_with_the_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(progress.ENV, str(tmp_path / progress.FILE))
