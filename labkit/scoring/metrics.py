@@ -18,7 +18,7 @@ from typing import Any, Iterable
 
 from labkit.scoring.names import RUN_METRICS
 from labkit.scoring.rouge import ROUGE_TYPES, length_ratio, rouge_scores, settings
-from labkit.scoring.slots import aggregate_slots, slot_counts
+from labkit.scoring.slots import aggregate_slots, slot_counts, slot_value
 
 # metric -> the per-example value behind it (the paired view, the concentration check); run metrics have none
 EXAMPLE_KEYS = {"json_valid_rate": "json_valid", "field_presence_rate": "field_presence", "field_accuracy": "field_accuracy",
@@ -99,7 +99,7 @@ def score_example(prediction: str, target: str, fmt: dict[str, Any], use_stemmer
         keys = [k for k in declared if gold.get(k) is not None] or list(fmt["required_keys"])  # the reference's keys
         out["json_valid"] = float(strict)
         out["field_presence"] = sum(k in obj for k in keys) / len(keys)
-        out["field_accuracy"] = sum(k in obj and _norm(obj[k]) == _norm(gold.get(k)) for k in keys) / len(keys)
+        out["field_accuracy"] = sum(k in obj and slot_value(obj[k]) == slot_value(gold.get(k)) for k in keys) / len(keys)
         out.update(slot_counts(obj, gold, declared))
         key = fmt.get("category_key")
         out["predicted_category"] = _norm(obj[key]) if key and key in obj else INVALID

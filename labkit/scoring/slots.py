@@ -14,13 +14,28 @@ from typing import Any
 SLOT_METRICS = ("slot_precision", "slot_recall", "slot_f1")
 
 
+def _canonical(value: Any) -> Any:
+    """The value as compared, inside lists and objects too: text whitespace-normalised and case-folded, a whole float
+    as an integer (JSON's 3 and 3.0 are one number)."""
+    if isinstance(value, str):
+        return " ".join(value.split()).casefold()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return value
+
+
 def slot_value(value: Any) -> str | None:
-    """A value as compared: whitespace-normalised, case-folded text (JSON for lists and objects); None for null."""
+    """A value as compared: whitespace-normalised, case-folded text, a whole float as an integer, lists and objects
+    as JSON with sorted keys (their text normalised the same way); None for null or empty text."""
     if value is None:
         return None
-    if isinstance(value, (dict, list)):
-        value = json.dumps(value, sort_keys=True, ensure_ascii=False)
-    text = " ".join(str(value).split()).casefold()
+    value = _canonical(value)
+    text = (json.dumps(value, sort_keys=True, ensure_ascii=False) if isinstance(value, (dict, list))
+            else " ".join(str(value).split()).casefold())
     return text or None
 
 

@@ -107,6 +107,21 @@ def test_slot_f1_with_optional_keys() -> None:
     assert intervals["per_key"]["slot_f1"]["product"]["tuned"]["value"] == pytest.approx(2 / 3)
 
 
+def test_nested_values_compare_as_json_in_fields_and_slots_alike() -> None:
+    fmt = {"kind": "json", "required_keys": ["name", "address", "tags", "count"], "optional_keys": [],
+           "category_key": None}
+    ref = {"name": "Ana", "address": {"city": "Oslo", "zip": "0150"}, "tags": ["a", "b"], "count": 3}
+    same = {"count": 3.0, "tags": ["a", "b"], "address": {"zip": "0150", "city": " oslo"}, "name": "ana"}
+    other = {"count": 3.5, "tags": ["b", "a"], "address": {"zip": "0151", "city": "Oslo"}, "name": "Ana"}
+    rows = [{"id": f"n{i}", "category": "x", "target": json.dumps(ref), "prediction": json.dumps(a)}
+            for i, a in enumerate((same, other))]
+    scored, _ = score_predictions(rows, fmt)
+    # key order inside an object, 3 vs 3.0, case and spaces do not matter; a list's order and another number do
+    assert [r["field_accuracy"] for r in scored] == [1.0, 0.25]
+    assert [r["slot_f1"] for r in scored] == [1.0, 0.25]
+    assert scored[1]["slots"] == {"name": [1, 0, 0], "address": [0, 1, 1], "tags": [0, 1, 1], "count": [0, 1, 1]}
+
+
 def test_a_category_column_the_answers_never_name_scores_no_accuracy_and_groups_the_rows() -> None:
     """A JSON target whose references lack `category_key` (the category is a column only): no predicted category,
     so no accuracy, macro_f1 or per-class F1 (they would read 0 for every model), and the per-example score the
