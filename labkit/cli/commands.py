@@ -138,7 +138,12 @@ def _check_data(loaded: Any, root: Path) -> str:
     if card.data.fields.group:
         shared = derived.leakage["groups_across_splits"]
         groups = len({r["group"] for rows in derived.splits.values() for r in rows})
-        line += f" in {groups} groups ({len(shared) or 'none'} in more than one split)"
+        line += f" in {groups} groups ({len(shared) or 'none'} in more than one split"
+        if shared:  # the policy is drop_from_train or report here: fail has raised
+            rows = sum(g["rows"].get("train", 0) for g in shared)
+            line += (f", their {rows} training rows dropped" if card.data.leakage.policy == "drop_from_train"
+                     else ", kept: data.leakage.policy is report")
+        line += ")"
     return line + "; every reference and encoding check passes"
 
 

@@ -18,6 +18,7 @@ from labkit.data.prepare import derive_splits
 from labkit.errors import LeakageError
 
 TEAMS = ("infra", "payments", "mobile", "legal")
+WORDS = ("plan", "ship", "fix", "review", "call", "budget", "hire", "audit")
 
 
 def _notes(n_groups: int = 60, seed: int = 4) -> list[dict]:
@@ -28,7 +29,8 @@ def _notes(n_groups: int = 60, seed: int = 4) -> list[dict]:
         team = TEAMS[g % len(TEAMS)]
         for k in range(rng.randint(1, 5)):
             other = rng.random() < 0.15 and k > 0
-            rows.append({"note": f"thread {g} note {k}: {' '.join(rng.choice(['plan', 'ship', 'fix', 'review', 'call', 'budget', 'hire', 'audit']) for _ in range(12))} {g * 31 + k}",
+            words = " ".join(rng.choice(WORDS) for _ in range(12))
+            rows.append({"note": f"thread {g} note {k}: {words} {g * 31 + k}",
                          "summary": f"{team} decided item {g}-{k}", "team": rng.choice(TEAMS) if other else team,
                          "note_id": f"n{g:03d}-{k}", "thread": f"th{g:03d}"})
     return rows
@@ -80,7 +82,8 @@ def test_without_a_group_each_row_is_its_own_unit(tmp_path: Path) -> None:
     assert D.groups_across_splits(plain) == []  # rows carry no group
     assert all("group" not in r for split in plain.values() for r in split)
     as_own_group = _split(tmp_path, [{**r, "thread": r["note_id"]} for r in rows])
-    assert {k: [r["id"] for r in v] for k, v in as_own_group.items()} == {k: [r["id"] for r in v] for k, v in plain.items()}
+    ids = {k: [r["id"] for r in v] for k, v in plain.items()}
+    assert {k: [r["id"] for r in v] for k, v in as_own_group.items()} == ids
     grouped = _split(tmp_path, rows)
     assert D.groups_across_splits({k: [{**r, "group": r["id"].split("-")[0]} for r in v] for k, v in plain.items()})
     assert grouped["validation"] != plain["validation"]  # a row split scatters the threads that the grouped one keeps
@@ -119,7 +122,8 @@ def test_a_group_shared_by_given_splits_is_leakage(tmp_path: Path, tiny_model, c
         derive_splits(card, tok)
 
     assert cli_main(["check", "--data", str(_card(tmp_path, rows, split={"field": "split"}))]) == 0
-    assert "rows in 24 groups (2 in more than one split)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"rows in 24 groups (2 in more than one split, their {len(dropped)} training rows dropped)" in said
     fractions = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2})
     assert cli_main(["check", "--data", str(fractions)]) == 0
     assert "rows in 24 groups (none in more than one split)" in capsys.readouterr().out
