@@ -165,9 +165,10 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
         (kept rows, report) where report lists each rule with the rows it changed or removed.
     """
     report = []
+    emptied = ""  # the rule that removed the last rows, and why
     for rule in data.cleaning:
         name, value = _rule_name(rule)
-        before = len(rows)
+        before, previous = len(rows), rows
         removed: list[str] = []
         changed = 0
         if name in {"normalise_whitespace", "strip"}:
@@ -206,8 +207,13 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
         shown = value.model_dump() if hasattr(value, "model_dump") else value
         report.append({"rule": name if value is None else {name: shown}, "rows_before": before,
                        "removed": len(removed), "removed_ids": removed, "changed": changed})
+        if before and not rows:
+            rule_text = name if value is None else f"{{{name}: {json.dumps(shown, ensure_ascii=False)}}}"
+            emptied = f"data.cleaning: {rule_text} removed the last {before} rows, so none is left: " + (
+                f"the shortest is {min(map(token_length, previous))} tokens; raise N (and data.max_length with it)"
+                if name == "drop_longer_than_tokens" else "check the rule and the field mapping")  # lengths cached
     if not rows:
-        raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
+        raise DataError(emptied or "data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
     for row in rows:
         for key in ("input", "target", "rejected"):
             if key in row and not row[key].strip():

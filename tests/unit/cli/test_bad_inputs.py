@@ -242,8 +242,12 @@ CASES = [
          rows=lambda rows: [{**r, "split": "train" if r["split"] == "validation" else r["split"]} for r in rows], args=DATA),
     Case("category-only-in-test", r"data\.split: category 'new' in test but not in train", rows=_set(TEST_ROW, category="new",
          answer=_answer(category="new", priority="low", product="P0")), args=DATA),
-    Case("cleaning-drops-everything", r"data\.cleaning: no rows left after cleaning",
+    Case("cleaning-drops-everything", r'data\.cleaning: \{keep_matching: \{"field": "input", "pattern": "\^nothing\$"\}\} '
+         r"removed the last \d+ rows, so none is left: check the rule and the field mapping",
          card={"data": {"cleaning": [{"keep_matching": {"pattern": "^nothing$"}}]}}, args=DATA),
+    Case("token-rule-drops-everything", r"data\.cleaning: \{drop_longer_than_tokens: 8\} removed the last \d+ rows, so none "
+         r"is left: the shortest is \d+ tokens; raise N \(and data\.max_length with it\)",
+         card={"data": {"cleaning": ["strip", {"drop_longer_than_tokens": 8}]}}, args=DATA),
     Case("empty-target-without-drop-empty", r"row id 'r000': the target is empty or whitespace only after cleaning",
          card={"data": {"cleaning": ["strip"]}}, rows=_set(0, answer="   "), args=DATA),
     Case("unknown-data-format", r"data\.txt: unknown data format 'txt'", card={"data": {"source": {"path": "data.txt"}}},
@@ -269,7 +273,7 @@ CASES = [
          card={"data": {"fields": {"rejected": "rejected"}}, "train": {"trainer": "dpo"}}, args=DATA),
     Case("truncation-fails-preparation", r"train: no example truncated by max_length — \d+ row\(s\) .*raise max_length",
          card={"data": {"max_length": 16}}, args=DATA, code=1),
-    Case("schema-drops-everything", r"data\.cleaning: no rows left after cleaning",
+    Case("schema-drops-everything", r"data\.cleaning: \{drop_target_failing_schema: \{.*\}\} removed the last \d+ rows",
          card={"data": {"cleaning": [{"drop_target_failing_schema": {"type": "object", "required": ["nothing"]}}]}}, args=DATA),
     # ------------------------------------------------------------------ hub sources (never the network)
     Case("hf-model-offline-not-cached", r"model\.source: hf:org/not-cached@0123456789ab… is not in the local hub cache and "

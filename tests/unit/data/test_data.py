@@ -103,7 +103,7 @@ def test_category_only_in_validation_is_an_error(tmp_path: Path) -> None:
 def test_empty_split_after_cleaning(tmp_path: Path) -> None:
     rows = [{**_row(1), "text": "  "}, {**_row(2), "text": ""}]
     card = _card(tmp_path, source={"path": str(_jsonl(tmp_path / "d.jsonl", rows))})
-    with pytest.raises(D.DataError, match="no rows left after cleaning"):
+    with pytest.raises(D.DataError, match="^data.cleaning: drop_empty removed the last 2 rows, so none is left: check"):
         D.apply_cleaning(card.data, D.map_fields(card.data, D.load_source(card.data)[0]), token_length=lambda r: 10)
 
 
