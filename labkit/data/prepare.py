@@ -298,8 +298,8 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
         "cleaning": [{k: v for k, v in step.items() if k != "removed_ids"} | {"removed_ids": step["removed_ids"][:50]}
                      for step in cleaning],
         "split": {"spec": card.data.split.model_dump(), "sizes": {k: len(v) for k, v in splits.items()},
-                  "sha256": split_hashes, "groups": {k: len({r["group"] for r in v}) for k, v in splits.items()
-                                                     if card.data.fields.group}},
+                  "sha256": split_hashes,
+                  "groups": {k: len({r["group"] for r in v}) for k, v in splits.items()} if card.data.fields.group else {}},
         "leakage": {k: v for k, v in leak_report.items() if k != "pairs"},
         "references": {"kind": card.data.target_format.kind, "checked": derived.references},
         "tokenizer": _tokenizer_identity(tokenizer, model_revision),

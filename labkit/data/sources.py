@@ -165,7 +165,6 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
         (kept rows, report) where report lists each rule with the rows it changed or removed.
     """
     report = []
-    emptied = ""  # the rule that removed the last rows, and why
     for rule in data.cleaning:
         name, value = _rule_name(rule)
         before, previous = len(rows), rows
@@ -207,13 +206,13 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
         shown = value.model_dump() if hasattr(value, "model_dump") else value
         report.append({"rule": name if value is None else {name: shown}, "rows_before": before,
                        "removed": len(removed), "removed_ids": removed, "changed": changed})
-        if before and not rows:
+        if before and not rows:  # this rule removed the last rows (token_length caches the lengths it measured)
             rule_text = name if value is None else f"{{{name}: {json.dumps(shown, ensure_ascii=False)}}}"
-            emptied = f"data.cleaning: {rule_text} removed the last {before} rows, so none is left: " + (
+            raise DataError(f"data.cleaning: {rule_text} removed the last {before} rows, so none is left: " + (
                 f"the shortest is {min(map(token_length, previous))} tokens; raise N (and data.max_length with it)"
-                if name == "drop_longer_than_tokens" else "check the rule and the field mapping")  # lengths cached
+                if name == "drop_longer_than_tokens" else "check the rule and the field mapping"))
     if not rows:
-        raise DataError(emptied or "data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
+        raise DataError("data.cleaning: no rows left after cleaning (check the rules and the field mapping)")
     for row in rows:
         for key in ("input", "target", "rejected"):
             if key in row and not row[key].strip():
@@ -276,11 +275,11 @@ def split_rows(data: Data, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
 
 def _split_units(rows: list[dict[str, Any]], stratify: bool) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
     """The units of the split by stratum: (row id, [row]), or (group, its rows) for rows carrying a "group"."""
-    units: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        units[("group", row["group"]) if "group" in row else ("row", row["id"])].append(row)
+    units: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:  # with data.fields.group every row carries one (map_fields), else none does
+        units[row.get("group", row["id"])].append(row)
     strata: dict[str, list[tuple[str, list[dict[str, Any]]]]] = defaultdict(list)
-    for (_, key), members in units.items():
+    for key, members in units.items():
         stratum = "all"
         if stratify:
             counts = Counter(str(r.get("category")) for r in members)
@@ -297,12 +296,12 @@ def groups_across_splits(splits: dict[str, list[dict[str, Any]]]) -> list[dict[s
     Returns:
         [{"group": id, "rows": {split: count}}], sorted by group; empty without groups.
     """
-    where: dict[str, dict[str, int]] = defaultdict(dict)
+    where: dict[str, Counter[str]] = defaultdict(Counter)
     for name, rows in splits.items():
         for row in rows:
             if "group" in row:
-                where[row["group"]][name] = where[row["group"]].get(name, 0) + 1
-    return [{"group": g, "rows": counts} for g, counts in sorted(where.items()) if len(counts) > 1]
+                where[row["group"]][name] += 1
+    return [{"group": g, "rows": dict(counts)} for g, counts in sorted(where.items()) if len(counts) > 1]
 
 
 def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:

@@ -35,7 +35,7 @@ def slot_value(value: Any) -> str | None:
         return None
     value = _canonical(value)
     text = (json.dumps(value, sort_keys=True, ensure_ascii=False) if isinstance(value, (dict, list))
-            else " ".join(str(value).split()).casefold())
+            else str(value).casefold())  # text is already normalised; a number or a boolean has no spaces
     return text or None
 
 
