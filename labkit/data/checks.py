@@ -173,7 +173,7 @@ def raise_on_failed(checks: list[dict[str, Any]]) -> None:
     if groups:
         lines = []
         for (check, explanation), failed in groups.items():
-            rows = [(f"{c['split']}: " if i else "") + f"{c['failed']} row(s) {', '.join(c['failed_ids'][:5])}"
-                    for i, c in enumerate(failed) if c["failed_ids"]]
-            lines.append(f"{failed[0]['split']}: {check} — " + (f"{'; '.join(rows)}: " if rows else "") + explanation)
+            where = "; ".join(f"{c['split']}: {c['failed']} row(s) {', '.join(c['failed_ids'][:5])}"
+                              if c["failed_ids"] else c["split"] for c in failed)
+            lines.append(f'"{check}" fails — {where}: {explanation}')
         raise PreprocessingCheckFailed(" | ".join(lines))

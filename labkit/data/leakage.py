@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import tqdm.auto
 
-__all__ = ["normalise_text", "shingles", "jaccard", "find_duplicates", "summarise"]
+__all__ = ["normalise_text", "shingles", "jaccard", "find_duplicates", "summarise", "emptied_train"]
 
 # Characters stripped from both ends of every token (ASCII + common Unicode punctuation).
 _EDGE_PUNCT = "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~" + "“”‘’«»‹›„‚…–—―‐‑¡¿·•′″"
@@ -308,3 +308,26 @@ def summarise(pairs: Iterable[dict], split_order: Sequence[str] | None = None) -
         counts.setdefault((a, b), {"exact": 0, "near": 0})[p["kind"]] += 1
     ordered = sorted(counts, key=lambda k: (rank[k[0]], rank[k[1]]))
     return {f"{a}~{b}": counts[(a, b)] for a, b in ordered}
+
+
+def emptied_train(threshold: float, cross: Sequence[dict], train_rows: int, by_group: int) -> str:
+    """The one line for `data.leakage.policy: drop_from_train` leaving no training row: what dropped them and the fix.
+
+    Args:
+        threshold: data.leakage.near_duplicate_threshold.
+        cross: the pairs of :func:`find_duplicates` across splits (``similarity`` each).
+        train_rows: training rows before the policy dropped any.
+        by_group: training rows dropped for sharing a group (data.fields.group) with an evaluation row, not counted
+            among the duplicates.
+    Returns:
+        the message, naming the card keys that change the outcome.
+    """
+    similar = [p["similarity"] for p in cross if "train" in (p["a_split"], p["b_split"])]
+    low, top = (min(similar), max(similar)) if similar else (0.0, 0.0)
+    causes = ([f"{train_rows - by_group} as duplicates of validation/test rows at similarity {low:.3f}–{top:.3f}"]
+              * bool(similar) + [f"{by_group} for sharing a group (data.fields.group) with one"] * bool(by_group))
+    fix = ("different examples written from one template read as near duplicates: raise "
+           f"data.leakage.near_duplicate_threshold above {top:.3f}, or " if similar and top < 1.0 else "")
+    return (f"data.leakage: policy drop_from_train dropped all {train_rows} training rows, {'; '.join(causes)}, so "
+            f"nothing is left to train on (threshold {threshold}); {fix}set data.leakage.policy: report to keep them "
+            "and see the pairs in stage 02 (preprocessing/leakage.json)")

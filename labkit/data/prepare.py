@@ -115,11 +115,11 @@ def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tu
                     dropped.append(p[f"{side}_id"])
         shared_ids = {g["group"] for g in shared}  # each is in validation or test too
         dropped += [r["id"] for r in splits["train"] if r.get("group") in shared_ids]
-        gone = set(dropped)
+        gone, before = set(dropped), len(splits["train"])
         splits["train"] = [r for r in splits["train"] if r["id"] not in gone]
         if not splits["train"]:
-            raise D.DataError("data.leakage: every training row duplicates an evaluation row or shares its group "
-                              "(nothing left to train on)")
+            by_group = len(gone - {p[f"{side}_id"] for p in cross for side in "ab" if p[f"{side}_split"] == "train"})
+            raise D.DataError(leakage.emptied_train(spec.near_duplicate_threshold, cross, before, by_group))
     report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
               "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
               "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped)),

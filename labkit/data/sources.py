@@ -71,6 +71,12 @@ def load_source(data: Data) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed, "planted": planted}
 
 
+def _is_conversation(value: Any) -> bool:
+    """Whether a column's value is a chat conversation: a list of {"role", "content"} turns (a `messages` column)."""
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(turn, dict) and {"role", "content"} <= turn.keys() for turn in value)
+
+
 def _same_answer(a: str, b: str) -> bool:
     """Whether two answers are the same: equal text, or equal JSON values (formatting aside)."""
     if a.strip() == b.strip():
@@ -91,8 +97,8 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
         raw: the source's rows.
         origins: filled with row id -> `file:line` (or `source row N`) when given.
     Raises:
-        DataError: a mapped field is missing or not text, or a rejected answer equals its chosen answer,
-            naming the row and the card key (data.fields.group included).
+        DataError: a mapped field is missing, not text or a conversation (a list of role/content turns), or a
+            rejected answer equals its chosen answer, naming the row and the card key (data.fields.group included).
     """
     fields = data.fields
     if not raw:
@@ -111,6 +117,11 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
                 present = ", ".join(k for k in row if k != "__where__")
                 raise DataError(f"{where}: no field {column!r} (data.fields.{key}; the row has: {present})")
             value = row[column]
+            if key != "category" and _is_conversation(value):
+                raise DataError(f"{where}: field {column!r} (data.fields.{key}) holds a conversation ({len(value)} "
+                                "role/content turns), and a row is one input and one answer: write the user's text "
+                                "(or the turns before the answer, as text) to one column for data.fields.input and "
+                                "the assistant's answer to another for data.fields.target")
             if key != "category" and not isinstance(value, str):
                 value = json.dumps(value) if isinstance(value, (dict, list)) else value
             if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):
@@ -270,7 +281,7 @@ def split_rows(data: Data, rows: list[dict[str, Any]]) -> dict[str, list[dict[st
             out[name] += [row for _, members in chosen for row in members]
     for name in SPLITS:
         out[name].sort(key=lambda r: r["id"])
-    return _check_splits(data.fields, out, len(rows))
+    return _check_splits(data.fields, out, len(rows), grouped=bool(data.fields.group))
 
 
 def _split_units(rows: list[dict[str, Any]], stratify: bool) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
@@ -304,8 +315,10 @@ def groups_across_splits(splits: dict[str, list[dict[str, Any]]]) -> list[dict[s
     return [{"group": g, "rows": dict(counts)} for g, counts in sorted(where.items()) if len(counts) > 1]
 
 
-def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int) -> dict[str, list[dict[str, Any]]]:
-    """Refuse an empty train or validation split, and a category (`fields.category`) missing from train."""
+def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: int,
+                  grouped: bool = False) -> dict[str, list[dict[str, Any]]]:
+    """Refuse an empty train or validation split, and a category (`fields.category`) missing from train (`grouped`:
+    the seeded split cut whole groups, so the line names the groups that hold it)."""
     for name in ("train", "validation"):
         if not out[name]:
             raise DataError(f"data.split: the {name} split is empty ({total} rows after cleaning; use more data or other fractions)")
@@ -314,6 +327,9 @@ def _check_splits(fields: Fields, out: dict[str, list[dict[str, Any]]], total: i
         for name in ("validation", "test"):
             missing = sorted({r["category"] for r in out[name]} - train_cats)
             if missing:
+                groups = sorted({r["group"] for r in out[name] if r["category"] == missing[0]}) if grouped else []
+                held = (f"; its rows lie in {len(groups)} group(s) of data.fields.group (e.g. {groups[0]!r}), and the "
+                        "split keeps each group whole, in the stratum of its most frequent category" if groups else "")
                 raise DataError(f"data.split: categor{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} "
-                                f"in {name} but not in train (add training rows for it or drop it)")
+                                f"in {name} but not in train{held} (add training rows for it or drop it)")
     return out

@@ -66,9 +66,10 @@ def test_every_failed_check_keeps_its_fix_on_the_one_error_line(tmp_path: Path) 
     assert proc.returncode == 1, proc.stderr  # a failed check (labkit.errors.PreprocessingCheckFailed)
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("labkit: error:")]
     checks = line.split(" | ")
-    assert len(checks) == len({c.split(" — ")[0].split(": ", 1)[-1] for c in checks}) >= 2, line  # one entry per check
+    assert len(checks) == len({c.split('" fails — ')[0].rsplit('"', 1)[-1] for c in checks}) >= 2, line  # one per check
     truncated = next(c for c in checks if "no example truncated by max_length" in c)
-    assert "train: no example truncated" in truncated and "; validation: " in truncated, truncated
+    assert '"no example truncated by max_length" fails — train: ' in truncated, truncated
+    assert "; validation: " in truncated, truncated
     assert truncated.count("raise max_length") == 1, truncated  # the explanation once, for both splits
     assert line.split(" (executed notebook: ")[0].endswith(
         "set data.prompt.chat_template_kwargs: {enable_thinking: false}, which moves it into the prompt"), line

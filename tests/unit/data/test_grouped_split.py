@@ -1,10 +1,11 @@
 """Examples that share a source (`data.fields.group`): the seeded split keeps each group on one side, and a group that
-given splits share is leakage under `data.leakage.policy`."""
+given splits share is leakage under `data.leakage.policy`; leakage that leaves no training row is named with its fix."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -127,3 +128,42 @@ def test_a_group_shared_by_given_splits_is_leakage(tmp_path: Path, tiny_model, c
     fractions = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2})
     assert cli_main(["check", "--data", str(fractions)]) == 0
     assert "rows in 24 groups (none in more than one split)" in capsys.readouterr().out
+
+
+def test_leakage_that_drops_every_training_row_names_the_cause_and_a_threshold_that_keeps_them(
+        tmp_path: Path, tiny_model, capsys) -> None:
+    """Notes written from one template (only the closing number differs) read as near duplicates of each other: the
+    line says how many rows went and at what similarity, and the threshold it proposes lets the data through."""
+    rows = _notes(30)
+    for r in rows:
+        r["note"] = ("the weekly planning sync of the whole team moved to the large meeting room on the third floor "
+                     f"next to the kitchen and the booking number is {r['note_id']}")
+    card = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2})
+    assert cli_main(["check", "--data", str(card)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    found = re.search(r"data\.leakage: policy drop_from_train dropped all (\d+) training rows, (\d+) as duplicates of "
+                      r"validation/test rows at similarity 0\.\d{3}–(0\.\d{3}), so nothing is left to train on "
+                      r"\(threshold 0\.85\); .* raise data\.leakage\.near_duplicate_threshold above (0\.\d{3}), or set "
+                      r"data\.leakage\.policy: report", err)
+    assert found and found[1] == found[2] and found[3] == found[4], err
+    raised = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2},
+                   leakage={"near_duplicate_threshold": float(found[4]) + 0.001})
+    assert cli_main(["check", "--data", str(raised)]) == 0
+
+
+def test_a_category_only_inside_groups_of_another_names_the_groups(tmp_path: Path) -> None:
+    """A category whose rows all sit in threads of another team goes where those threads go: here to validation."""
+    rows = _notes()
+    splits = _split(tmp_path, rows)
+    notes = {t: [r["team"] for r in rows if r["thread"] == t] for t in {r["group"] for r in splits["validation"]}}
+    thread = min(t for t, teams in notes.items() if len(set(teams)) == 1 and len(teams) >= 3)
+    next(r for r in rows if r["thread"] == thread)["team"] = "security"  # one note of a thread of three or more
+    with pytest.raises(D.DataError, match=rf"^data\.split: category 'security' in validation but not in train; "
+                                          r"its rows lie in 1 group\(s\) of data\.fields\.group "
+                                          rf"\(e\.g\. '{thread}'\), and the split keeps each group whole, in the "
+                                          r"stratum of its most frequent category "
+                                          r"\(add training rows for it or drop it\)$"):
+        _split(tmp_path, rows)
+    alone = _split(tmp_path, rows, group=None)  # rows split alone: the one row is its stratum's only unit, in train
+    assert [r["category"] for r in alone["train"]].count("security") == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,26 @@ def test_decide_stops_on_a_failed_check_in_checks_json(stage: Stage) -> None:
     checks = io.read_json(stage.path("checks.json"))
     checks[0].update(ok=False, failed=1, failed_ids=["r7"])
     io.write_json(stage.path("checks.json"), checks)
-    with pytest.raises(PreprocessingCheckFailed, match=f"{checks[0]['split']}: {checks[0]['check']} — 1 row"):
+    expected = f"\"{checks[0]['check']}\" fails — {checks[0]['split']}: 1 row(s) r7: "
+    with pytest.raises(PreprocessingCheckFailed, match=re.escape(expected)):
         preprocessing.decide(stage)
     assert not stage.path("summary.json").exists()
+
+
+def test_a_check_failed_in_two_splits_is_one_entry_naming_the_check_then_each_splits_rows() -> None:
+    """The check's name is a statement ("no example truncated …"): the line says it fails, then where."""
+    why = "a truncated completion loses its EOS"
+    checks = [{"split": "train", "check": "no example truncated by max_length", "ok": False, "failed": 7,
+               "failed_ids": [f"t{i}" for i in range(7)], "explanation": why},
+              {"split": "validation", "check": "no example truncated by max_length", "ok": False, "failed": 1,
+               "failed_ids": ["v1"], "explanation": why},
+              {"split": "train", "check": "every example has loss positions", "ok": True, "failed": 0, "failed_ids": [],
+               "explanation": "teaches nothing"},
+              {"split": "validation", "check": "padding carries no loss, the EOS does (pad = EOS)", "ok": False,
+               "failed": 0, "failed_ids": [], "explanation": "the EOS is masked"}]
+    with pytest.raises(PreprocessingCheckFailed) as failed:
+        preprocessing.raise_on_failed(checks)
+    assert str(failed.value) == (
+        '"no example truncated by max_length" fails — train: 7 row(s) t0, t1, t2, t3, t4; validation: 1 row(s) v1: '
+        'a truncated completion loses its EOS | "padding carries no loss, the EOS does (pad = EOS)" fails — '
+        "validation: the EOS is masked")
