@@ -26,6 +26,10 @@ LIBRARY_LOGGERS = ("transformers", "datasets", "bitsandbytes", "peft", "accelera
 LOG = "logs/libraries.log"  # under the run folder
 # transformers' deprecation of `is_gradient_checkpointing`, which peft and trl read themselves: nothing a user can act on
 UNACTIONABLE = (r".*is_gradient_checkpointing.*",)
+# PEFT gives a mixture of experts' fused gate/up weight twice the rank (`rank_pattern`/`alpha_pattern`
+# `.*\.gate_up_proj`, peft.utils.transformers_weight_conversion), applies it, then warns that the key "matched no
+# targeted module" because it compares module names, not the parameters it adapts; a card sets no rank pattern
+UNACTIONABLE_RUNTIME = (r"The following (rank|alpha)_pattern keys did not match any targeted module",)
 
 
 class StdoutTqdm(tqdm.std.tqdm):  # type: ignore[misc]
@@ -43,9 +47,12 @@ def plain_bars() -> None:
 
 
 def quiet_unactionable() -> None:
-    """Hide, in this process, the FutureWarnings the libraries raise about their own calls (`UNACTIONABLE`)."""
+    """Hide, in this process, the warnings the libraries raise about their own calls (`UNACTIONABLE`: FutureWarnings,
+    `UNACTIONABLE_RUNTIME`: RuntimeWarnings)."""
     for message in UNACTIONABLE:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning)
+    for message in UNACTIONABLE_RUNTIME:
+        warnings.filterwarnings("ignore", message=message, category=RuntimeWarning)
 
 
 def log_libraries_to(run_dir: Path, stage: str) -> Path:
