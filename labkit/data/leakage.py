@@ -324,9 +324,12 @@ def emptied_train(threshold: float, cross: Sequence[dict], train_rows: int, by_g
     """
     similar = [p["similarity"] for p in cross if "train" in (p["a_split"], p["b_split"])]
     low, top = (min(similar), max(similar)) if similar else (0.0, 0.0)
-    causes = ([f"{train_rows - by_group} as duplicates of validation/test rows at similarity {low:.3f}–{top:.3f}"]
-              * bool(similar) + [f"{by_group} for sharing a group (data.fields.group) with one"] * bool(by_group))
-    fix = ("different examples written from one template read as near duplicates: raise "
+    causes = []
+    if similar:
+        causes.append(f"{train_rows - by_group} as duplicates of validation/test rows at similarity {low:.3f}–{top:.3f}")
+    if by_group:
+        causes.append(f"{by_group} for sharing a group (data.fields.group) with one")
+    fix = ("if they are different examples (rows written from one template), raise "
            f"data.leakage.near_duplicate_threshold above {top:.3f}, or " if similar and top < 1.0 else "")
     return (f"data.leakage: policy drop_from_train dropped all {train_rows} training rows, {'; '.join(causes)}, so "
             f"nothing is left to train on (threshold {threshold}); {fix}set data.leakage.policy: report to keep them "

@@ -144,7 +144,8 @@ def test_leakage_that_drops_every_training_row_names_the_cause_and_a_threshold_t
     assert "\n" not in err
     found = re.search(r"data\.leakage: policy drop_from_train dropped all (\d+) training rows, (\d+) as duplicates of "
                       r"validation/test rows at similarity 0\.\d{3}–(0\.\d{3}), so nothing is left to train on "
-                      r"\(threshold 0\.85\); .* raise data\.leakage\.near_duplicate_threshold above (0\.\d{3}), or set "
+                      r"\(threshold 0\.85\); if they are different examples \(rows written from one template\), "
+                      r"raise data\.leakage\.near_duplicate_threshold above (0\.\d{3}), or set "
                       r"data\.leakage\.policy: report", err)
     assert found and found[1] == found[2] and found[3] == found[4], err
     raised = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2},

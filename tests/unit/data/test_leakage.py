@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO
 
 from labkit.data.leakage import (
+    emptied_train,
     find_duplicates,
     jaccard,
     normalise_text,
@@ -189,3 +190,21 @@ def test_summarise_counts_per_split_pair_and_kind():
     assert list(summary) == ["train~train", "train~validation", "train~test"]
     assert summarise([]) == {}
     assert sum(sum(v.values()) for v in summarise(pairs).values()) == len(pairs)
+
+
+def test_the_emptied_training_split_names_each_cause_and_only_a_fix_that_can_work() -> None:
+    def pair(a: str, b: str, similarity: float) -> dict:
+        return {"a_split": a, "b_split": b, "similarity": similarity}
+
+    cross = [pair("train", "validation", 0.9), pair("test", "train", 0.95), pair("validation", "test", 0.99)]
+    line = emptied_train(0.85, cross, train_rows=5, by_group=2)
+    assert line.startswith("data.leakage: policy drop_from_train dropped all 5 training rows, 3 as duplicates of "
+                           "validation/test rows at similarity 0.900–0.950; 2 for sharing a group (data.fields.group) "
+                           "with one, so nothing is left to train on (threshold 0.85); if they are different examples")
+    assert "above 0.950, or set data.leakage.policy: report" in line  # the validation~test pair is not counted
+    exact = emptied_train(0.85, [pair("train", "test", 1.0)], train_rows=1, by_group=0)
+    assert "threshold above" not in exact and exact.endswith("nothing is left to train on (threshold 0.85); set "
+                                                             "data.leakage.policy: report to keep them and see the "
+                                                             "pairs in stage 02 (preprocessing/leakage.json)")
+    grouped = emptied_train(0.85, [], train_rows=4, by_group=4)
+    assert "dropped all 4 training rows, 4 for sharing a group" in grouped and "similarity" not in grouped
