@@ -109,17 +109,13 @@ def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tu
                            f"{first['group']!r} ({', '.join(f'{k} {v}' for k, v in first['rows'].items())} rows); policy "
                            "is fail (keep each group in one split or set data.leakage.policy: drop_from_train)")
     if spec.policy == "drop_from_train":
-        for p in cross:
-            for side in ("a", "b"):
-                if p[f"{side}_split"] == "train":
-                    dropped.append(p[f"{side}_id"])
+        by_pair = {p[f"{side}_id"] for p in cross for side in "ab" if p[f"{side}_split"] == "train"}
         shared_ids = {g["group"] for g in shared}  # each is in validation or test too
-        dropped += [r["id"] for r in splits["train"] if r.get("group") in shared_ids]
-        gone, before = set(dropped), len(splits["train"])
-        splits["train"] = [r for r in splits["train"] if r["id"] not in gone]
+        by_group = {r["id"] for r in splits["train"] if r.get("group") in shared_ids} - by_pair
+        dropped, before = [*by_pair, *by_group], len(splits["train"])
+        splits["train"] = [r for r in splits["train"] if r["id"] not in by_pair | by_group]
         if not splits["train"]:
-            by_group = len(gone - {p[f"{side}_id"] for p in cross for side in "ab" if p[f"{side}_split"] == "train"})
-            raise D.DataError(leakage.emptied_train(spec.near_duplicate_threshold, cross, before, by_group))
+            raise D.DataError(leakage.emptied_train(spec.near_duplicate_threshold, cross, before, len(by_group)))
     report = {"threshold": spec.near_duplicate_threshold, "policy": spec.policy, "pairs": pairs,
               "summary": leakage.summarise(pairs, split_order=D.SPLITS), "cross_split_pairs": len(cross),
               "dropped_from_train": sorted(set(dropped)), "dropped_within_split": sorted(set(within_dropped)),
