@@ -122,34 +122,10 @@ def cmd_stage(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_data(loaded: Any, root: Path) -> str:
-    """Stage 01's preparation in memory (model source resolved for its tokenizer): a line of split sizes (and groups,
-    with data.fields.group); writes no run."""
-    from labkit.core.protocol import pin_card, pinned
-    from labkit.data.prepare import checked_splits
-    from labkit.model.loading import load_tokenizer
-    from labkit.model.sources import resolve
-
-    card = pinned(loaded.card, pin_card(loaded.card, root, loaded.card.experiment.id))  # revision: resolve → the experiment's commit (asked once), not recorded
-    tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
-    derived, _ = checked_splits(card, tokenizer)
-    sizes = {"loaded": derived.rows_loaded, **{name: len(rows) for name, rows in derived.splits.items()}}
-    line = ", ".join(f"{k} {v}" for k, v in sizes.items()) + " rows"
-    if card.data.fields.group:
-        shared = derived.leakage["groups_across_splits"]
-        groups = len({r["group"] for rows in derived.splits.values() for r in rows})
-        line += f" in {groups} groups ({len(shared) or 'none'} in more than one split"
-        if shared:  # the policy is drop_from_train or report here: fail has raised
-            rows = sum(g["rows"].get("train", 0) for g in shared)
-            line += (f", their {rows} training rows dropped" if card.data.leakage.policy == "drop_from_train"
-                     else ", kept: data.leakage.policy is report")
-        line += ")"
-    return line + "; every reference and encoding check passes"
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     """`labkit check CARD… [--data]`: every check that needs only the card (parent chain, diff, data section, model
-    source, the experiment's protocol); with --data also stage 01's preparation checks in memory. Writes no run.
+    source, the experiment's protocol); with --data also stage 01's preparation checks in memory and the method on
+    the model's config (`labkit.cli.checks`). Writes no run.
     0 when every card passes, else the worst error's code (2 bad input)."""
     from labkit.cli.runner import check_card
 
@@ -158,14 +134,18 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
-            data_line = _check_data(loaded, _root(args, loaded.path.parent)) if args.data else None
+            extra = []
+            if args.data:  # the tokenizer, the data and the model's config: transformers and torch
+                from labkit.cli.checks import data_line, method_line
+
+                extra = [f"data: {data_line(loaded, _root(args, loaded.path.parent))}", f"method: {method_line(loaded)}"]
         except LabkitError as exc:
             print(f"labkit: error: {exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
             continue
         print(f"{loaded.path}: ok ({loaded.card.experiment.id}/{loaded.card.experiment.variant}, hash {loaded.hash})")
-        if data_line:
-            print("  data: " + data_line)
+        for line in extra:
+            print("  " + line)
         for parent in loaded.chain[1:]:
             print(f"  parent: {parent}")
         if len(loaded.chain) > 1:

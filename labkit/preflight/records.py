@@ -80,6 +80,17 @@ class FitVerdict(TypedDict):
     message: str
 
 
+class MethodCheck(TypedDict):
+    """`labkit.preflight.sizing.check_method`: the card's method applied to its model's config on the meta device."""
+
+    architecture: str  # the config's model_type
+    kind: str  # method.kind
+    trainable: int  # parameters the step updates
+    parameters: int  # every parameter of the (wrapped) model
+    adapted: list[str]  # the text decoder's adapted (LoRA) or fully trained linears, by module name
+    experts_adapted: bool  # LoRA reaches a mixture of experts' fused expert weights
+
+
 class Layout(TypedDict):
     """How the training processes share the model (`labkit.preflight.layouts.layout_of`)."""
 

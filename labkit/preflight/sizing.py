@@ -33,7 +33,7 @@ from labkit.model.loading import decisions
 from labkit.model.placement import decide, for_architecture
 from labkit.model.sources import converted_before, parse_source, resolve
 from labkit.preflight.memory import _BYTES, GIB, estimate_step, meta_model, parameter_bytes, weight_dtype
-from labkit.preflight.records import FitVerdict, MemoryEstimate
+from labkit.preflight.records import FitVerdict, MemoryEstimate, MethodCheck
 
 CUDA_CONTEXT_GIB = 0.5  # CUDA context + cuBLAS/cuDNN workspaces + kernel images; typically 0.3–0.6 GiB (CUDA 12)
 FRAGMENTATION = 0.10  # of the step's memory: blocks the caching allocator cannot reuse for a larger request
@@ -194,7 +194,7 @@ def estimate_config(card: Card, card_path: Path, config_path: str | None = None)
     return config
 
 
-def check_method(loaded: LoadedCard) -> bool:
+def check_method(loaded: LoadedCard) -> MethodCheck | None:
     """The card's method applied to its model's config on the meta device (no weights, no download): a target that
     matches nothing, a module to save that does not exist or a setting PEFT refuses on this model stops a run before
     stage 01 spends anything, in one line naming the key's file and line; so does a precision or attention this
@@ -203,8 +203,9 @@ def check_method(loaded: LoadedCard) -> bool:
     Args:
         loaded: the loaded card.
     Returns:
-        whether it was checked: a `.gguf` file, a `pypi:` source this machine has not converted yet (stage 01 converts
-        it) or a hub model whose config is not on this machine yet is checked when stage 03 applies the method.
+        what the method trains (`MethodCheck`), or None when it was not checked: a `.gguf` file, a `pypi:` source
+        this machine has not converted yet (stage 01 converts it) or a hub model whose config is not on this machine
+        yet is checked when stage 03 applies the method.
     Raises:
         MethodError: the method does not apply (`labkit.model.method.apply_method`'s message, prefixed by `file:line`).
         CardError: the decisions for this machine and architecture refuse a key (its message, prefixed alike).
@@ -212,19 +213,22 @@ def check_method(loaded: LoadedCard) -> bool:
     card = loaded.card
     converted = converted_before(card.model.source)
     if converted is None and parse_source(card.model.source)["kind"] not in ("hf", "local", "tiny"):
-        return False
+        return None
     try:
         config = (AutoConfig.from_pretrained(converted) if converted is not None
                   else estimate_config(card, loaded.path))
     except (ModelSourceError, OSError, ValueError):
-        return False
+        return None
     try:
-        meta_model(config, card)
+        model = meta_model(config, card)
         for_architecture(decisions(card), card, getattr(config, "model_type", None))
     except (MethodError, CardError) as exc:  # each message opens with its key: "method.target_modules ['x']: …"
         key = str(exc).split(":", 1)[0].split(" ", 1)[0]
         raise type(exc)(f"{loaded.where(key)}: {exc}") from None
-    return True
+    params = parameter_bytes(model, card, 2)  # (the bytes are not used: counts and names only)
+    return MethodCheck(architecture=str(getattr(config, "model_type", "unknown")), kind=card.method.kind,
+                       trainable=params["trainable"], parameters=sum(p.numel() for p in model.parameters()),
+                       adapted=params["adapted"], experts_adapted=bool(params["experts"]["adapted"]))
 
 
 def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1, name: str | None = None) -> DeviceProfile:

