@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.card.load import dump_yaml, load_card
+from labkit.card.locate import locate
 from labkit.card.shipped import init_folder, shipped
 from labkit.core import io, listing
 from labkit.core import runs as R
@@ -131,6 +132,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     code = 0
     for path in args.cards:
+        loaded = None
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
@@ -139,8 +141,8 @@ def cmd_check(args: argparse.Namespace) -> int:
                 from labkit.cli.checks import data_line, method_line
 
                 extra = [f"data: {data_line(loaded, _root(args, loaded.path.parent))}", f"method: {method_line(loaded)}"]
-        except LabkitError as exc:
-            print(f"labkit: error: {exc}", file=sys.stderr)
+        except LabkitError as exc:  # a card that loaded gets its place in front of a check's line (several cards)
+            print(f"labkit: error: {locate(str(exc), loaded) if loaded else exc}", file=sys.stderr)
             code = max(code, exc.exit_code)
             continue
         print(f"{loaded.path}: ok ({loaded.card.experiment.id}/{loaded.card.experiment.variant}, hash {loaded.hash})")

@@ -308,8 +308,9 @@ def test_item5_unreachable_hub_fails_at_the_first_request(tmp_path: Path, monkey
                           text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     (line,) = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert line.startswith("labkit: error: model.source: the hub (http://127.0.0.1:9) cannot be reached for "
-                           "hf:org/model@aaaaaaaaaaaa… (ConnectError")
+    model_line = next(i for i, text in enumerate(card.read_text().splitlines(), 1) if "hf:org/model@" in text)
+    assert line.startswith(f"labkit: error: {card}:{model_line}: model.source: the hub (http://127.0.0.1:9) cannot be "
+                           "reached for hf:org/model@aaaaaaaaaaaa… (ConnectError")
     # a hub that answers but fails: one request, no retry loop (huggingface_hub's backoff would send several)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _CountingHub)
     threading.Thread(target=server.serve_forever, daemon=True).start()

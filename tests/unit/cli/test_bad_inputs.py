@@ -214,8 +214,8 @@ CASES = [
          args=DATA),
     Case("category-disagrees-validation", r"\(validation split\): the 'category' column .* disagrees",
          rows=_set(VAL_ROW, category="billing"), args=DATA),
-    Case("category-key-in-no-reference", r"error: experiment\.guardrails\.1\.metric: per_category_f1 compares the answer's "
-         r"'category' key \(data\.target_format\.category_key\) with the 'category' column, and no reference answer of "
+    Case("category-key-in-no-reference", r"error: \S+card\.yaml:\d+: experiment\.guardrails\.1\.metric: per_category_f1 "
+         r"compares the answer's 'category' key \(data\.target_format\.category_key\) with the 'category' column, and no reference answer of "
          r"the validation split holds that key: per_category_f1 would read 0 for every model; set category_key",
          card={"data": {"target_format": {"required_keys": ["priority", "product"]}},
                "experiment": {"guardrails": [{"metric": "json_valid_rate", "min": 0.0},

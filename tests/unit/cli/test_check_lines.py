@@ -54,3 +54,25 @@ def test_method_text() -> None:
                         adapted=["q_proj", "v_proj"], experts_adapted=False)
     assert method_text(qlora) == "qlora on llama: 41.9M of 8.07B parameters trainable (0.52 %), in q_proj, v_proj"
     assert method_text(None).startswith("not checked here (a .gguf file, a pypi: model not converted")
+
+
+def test_each_failing_card_is_named_when_several_are_checked(tmp_path: Path, capsys) -> None:
+    """A check after the card loaded (the template, the tokenizer, the data) names a key or a model, not the card: with
+    several cards each line starts at the key's `file:line` (in the parent that writes it), else at the card."""
+    smoke = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
+    cards = {"gemma2": "model: {source: 'tiny:gemma2'}\n", "mistral": "model: {source: 'tiny:mistral'}\n",
+             "own": "model: {source: 'tiny:gemma2'}\ndata:\n  prompt:\n    system: Sort the ticket.\n", "ok": ""}
+    for name, text in cards.items():
+        (tmp_path / f"{name}.yaml").write_text(f"parent: base.yaml\nexperiment: {{variant: {name}}}\n{text}")
+    paths = [str(tmp_path / f"{name}.yaml") for name in cards]
+    assert main(["--runs", str(tmp_path / "runs"), "check", "--data", *paths]) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("labkit: error:")]  # (tiny models' build bars)
+    in_base = next(i for i, text in enumerate((tmp_path / "base.yaml").read_text().splitlines(), 1) if "system:" in text)
+    assert lines[0].startswith(f"labkit: error: {tmp_path / 'base.yaml'}:{in_base}: data.prompt.system: the chat "
+                               "template of tiny:gemma2 refuses a system message"), lines
+    assert lines[1].startswith(f"labkit: error: {tmp_path / 'mistral.yaml'}: tiny:mistral: the tokenizer has no chat "
+                               "template"), lines
+    assert lines[2].startswith(f"labkit: error: {tmp_path / 'own.yaml'}:6: data.prompt.system: "), lines
+    assert len(lines) == 3 and f"{tmp_path / 'ok.yaml'}: ok" in out
