@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from labkit.card.consistency import check_consistency
 from labkit.card.experiment_and_data import HubSource
+from labkit.card.inherit import merge
 from labkit.card.schema import Card
 from labkit.card.shipped import shipped_card
 from labkit.card.update import updated
@@ -139,17 +141,6 @@ def _line_of(node: yaml.Node | None, loc: tuple[Any, ...], exact: bool = False) 
     return line
 
 
-def _merge(parent: dict[str, Any], child: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge mappings; lists and scalars in the child replace the parent's."""
-    out = copy.deepcopy(parent)
-    for key, value in child.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def card_diff(parent: Any, child: Any, prefix: str = "") -> dict[str, Any]:
     """Flat {dotted.key: {"parent": a, "card": b}} of what differs."""
     if isinstance(parent, dict) and isinstance(child, dict):
@@ -199,7 +190,13 @@ def _format_error(exc: ValidationError, chain: list[tuple[Path, yaml.Node | None
     groups = {tuple(p for p in e["loc"][: next((i for i, p in enumerate(e["loc"]) if _is_tag(p)), None)]) for e in errors}
     # keep the most specific path; a mapping member whose key did not match is the least informative.
     candidates = [e for e in errors if "[key]" not in e["loc"]] or errors
-    err = max(candidates, key=lambda e: len([p for p in e["loc"] if not _is_tag(p)]))
+    depth = lambda e: len([p for p in e["loc"] if not _is_tag(p)])  # noqa: E731
+    err = max(candidates, key=depth)
+    cut = next((i for i, p in enumerate(err["loc"]) if _is_tag(p)), None)
+    if cut is not None:  # a union's members each fail: the one meant has the fewest errors (then the deepest)
+        members = Counter(e["loc"][:cut + 1] for e in candidates if e["loc"][:cut] == err["loc"][:cut])
+        err = min((e for e in candidates if e["loc"][:cut + 1] in members),
+                  key=lambda e: (members[e["loc"][:cut + 1]], -depth(e)))
     loc = tuple(p for p in err["loc"] if not _is_tag(p))
     key = ".".join(str(p) for p in loc) or "<card>"
     where = str(chain[0][0])
@@ -255,7 +252,7 @@ def load_card(path: str | Path) -> LoadedCard:
         current = _resolve_relative(parent_ref, current)
     resolved: dict[str, Any] = {}
     for _, _, data in reversed(chain):
-        resolved = _merge(resolved, {k: v for k, v in data.items() if k != "parent"})
+        resolved = merge(resolved, {k: v for k, v in data.items() if k != "parent"})
     try:
         card = Card.model_validate(resolved)
     except ValidationError as exc:
@@ -263,7 +260,7 @@ def load_card(path: str | Path) -> LoadedCard:
     card = _check_paths(card, path, chain)
     parent_resolved: dict[str, Any] = {}
     for _, _, data in reversed(chain[1:]):  # none without a parent
-        parent_resolved = _merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
+        parent_resolved = merge(parent_resolved, {k: v for k, v in data.items() if k != "parent"})
     full = card.model_dump(mode="json")
     if card.data.split.from_source is not None and isinstance(card.data.source, HubSource):
         del full["data"]["source"]["split"]  # unused (the mapping names the splits): an archived copy must reload

@@ -1,0 +1,55 @@
+"""How a child card's keys combine with its parent's (`parent:`): mappings merge key by key, a list or a scalar in the
+child replaces the parent's — except where the child picks another kind of a section that comes in kinds.
+
+`method` comes in kinds (`full`, `lora`, `qlora`) and `data.source` in kinds named by their first key (`builtin`,
+`path`, `hf`, `files`). A child that picks another kind keeps only the parent's keys the new kind takes: `method:
+{kind: full}` under a LoRA parent drops `r`, `alpha`, `dropout`, `target_modules`; `kind: qlora` under it keeps them;
+`data: {source: {path: mine.jsonl}}` under the built-in tickets drops `rows` and `seed`. A key the child writes itself
+is never dropped, so one its kind does not take is still refused, at its line.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pydantic import BaseModel
+
+from labkit.card.experiment_and_data import BuiltinSource, FilesSource, HubSource, PathSource
+from labkit.card.schema import Full, Lora, Qlora
+
+_METHODS: dict[str, type[BaseModel]] = {"full": Full, "lora": Lora, "qlora": Qlora}
+_SOURCES: dict[str, type[BaseModel]] = {"builtin": BuiltinSource, "path": PathSource, "hf": HubSource,
+                                         "files": FilesSource}
+
+
+def _kind(where: tuple[str, ...], section: dict[str, Any]) -> type[BaseModel] | None:
+    """The kind a mapping at `where` picks (None: not a section with kinds, or it names none)."""
+    if where == ("method",):
+        return _METHODS.get(section.get("kind"))  # type: ignore[arg-type]
+    if where == ("data", "source"):
+        return next((cls for key, cls in _SOURCES.items() if key in section), None)
+    return None
+
+
+def merge(parent: dict[str, Any], child: dict[str, Any], where: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A child card's mapping over its parent's.
+
+    Args:
+        parent: the parent's (resolved) mapping.
+        child: the child's mapping as written.
+        where: the keys above these mappings (() for the whole card).
+    Returns:
+        a new mapping: the parent's keys, merged or replaced by the child's; under a child that picks another kind of
+        `method` or `data.source`, only the parent's keys that kind takes.
+    """
+    kind = _kind(where, child)
+    if kind is not None and kind is not _kind(where, parent):
+        parent = {key: value for key, value in parent.items() if key in kind.model_fields}
+    out = copy.deepcopy(parent)
+    for key, value in child.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value, (*where, key))
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
