@@ -11,16 +11,18 @@ is never dropped, so one its kind does not take is still refused, at its line.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel
 
-from labkit.card.experiment_and_data import BuiltinSource, FilesSource, HubSource, PathSource
-from labkit.card.schema import Full, Lora, Qlora
+from labkit.card.experiment_and_data import DataSource
+from labkit.card.schema import Method
 
-_METHODS: dict[str, type[BaseModel]] = {"full": Full, "lora": Lora, "qlora": Qlora}
-_SOURCES: dict[str, type[BaseModel]] = {"builtin": BuiltinSource, "path": PathSource, "hf": HubSource,
-                                         "files": FilesSource}
+# the kinds, read from the schema's unions: a method by its `kind` literal, a source by its first required key
+_METHODS: dict[str, type[BaseModel]] = {get_args(cls.model_fields["kind"].annotation)[0]: cls
+                                        for cls in get_args(get_args(Method)[0])}
+_SOURCES: dict[str, type[BaseModel]] = {next(k for k, f in cls.model_fields.items() if f.is_required()): cls
+                                        for cls in get_args(DataSource)}
 
 
 def _kind(where: tuple[str, ...], section: dict[str, Any]) -> type[BaseModel] | None:

@@ -136,7 +136,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         try:
             loaded = load_card(path)
             changes = check_card(loaded, _root(args, loaded.path.parent))
-            extra = []
+            extra: list[str] = []
             if args.data:  # the tokenizer, the data and the model's config: transformers and torch
                 from labkit.cli.checks import data_line, method_line
 

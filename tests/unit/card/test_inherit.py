@@ -55,3 +55,9 @@ def test_a_key_the_childs_own_kind_does_not_take_is_still_refused_at_its_line(tm
     path = _child(tmp_path, "data:\n  source:\n    path: mine.jsonl\n    rows: 10\n", "rows.yaml")
     with pytest.raises(CardError, match=r"rows\.yaml:6: data\.source\.rows: unknown key"):
         load_card(path)
+
+
+def test_the_kinds_are_read_from_the_schema() -> None:
+    from labkit.card.inherit import _METHODS, _SOURCES
+
+    assert set(_METHODS) == {"full", "lora", "qlora"} and set(_SOURCES) == {"builtin", "path", "hf", "files"}
