@@ -8,7 +8,7 @@ one line naming the file and the key.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Union
+from typing import Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -151,6 +151,9 @@ class Fields(Strict):
 
 
 class TargetFormat(Strict):
+    # the keys only one kind takes (a child card that picks another kind drops the parent's: labkit.card.inherit)
+    KIND_ONLY: ClassVar[dict[str, str]] = {"required_keys": "json", "optional_keys": "json", "category_key": "json",
+                                           "labels": "label"}
     kind: Literal["json", "label", "text"] = Field(
         description="json: a JSON object with required keys; label: the category name; text: free text"
     )

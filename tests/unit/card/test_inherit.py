@@ -61,3 +61,50 @@ def test_the_kinds_are_read_from_the_schema() -> None:
     from labkit.card.inherit import _METHODS, _SOURCES
 
     assert set(_METHODS) == {"full", "lora", "qlora"} and set(_SOURCES) == {"builtin", "path", "hf", "files"}
+
+
+
+def _card(tmp_path: Path, name: str, parent: Path, text: str, target: str = "") -> Path:
+    """A child card, with an experiment target of its own when `target` names a primary metric."""
+    path = tmp_path / name
+    experiment = (f"{{variant: {path.stem}, target: {{primary_metric: {target}}}, guardrails: []}}" if target
+                  else f"{{variant: {path.stem}}}")
+    path.write_text(f"parent: {parent}\nexperiment: {experiment}\n{text}")
+    return path
+
+
+def test_a_label_variant_of_a_json_target_and_back(tmp_path: Path) -> None:
+    label = load_card(_card(tmp_path, "label.yaml", SMOKE, "data: {target_format: {kind: label}}\n", "accuracy"))
+    fmt = label.card.data.target_format
+    assert (fmt.kind, fmt.required_keys, fmt.category_key, fmt.labels) == ("label", [], "category", None)
+    assert label.diff["data.target_format.required_keys"] == {"parent": ["category", "priority", "product"], "card": []}
+    labelled = _card(tmp_path, "labelled.yaml", label.path, "data: {target_format: {labels: [billing, bug]}}\n")
+    assert load_card(labelled).card.data.target_format.labels == ["billing", "bug"]  # no kind: merged as ever
+    back = _card(tmp_path, "back.yaml", labelled, "data: {target_format: {kind: json, required_keys: [category]}}\n",
+                 "field_accuracy")
+    fmt = load_card(back).card.data.target_format
+    assert (fmt.kind, fmt.required_keys, fmt.labels) == ("json", ["category"], None)
+
+
+def test_a_target_format_key_the_child_writes_is_still_checked_at_its_line(tmp_path: Path) -> None:
+    from labkit.cli.runner import check_card
+
+    path = _card(tmp_path, "text.yaml", SMOKE, "data:\n  target_format:\n    kind: text\n    required_keys: [category]\n",
+                 "exact_match")
+    with pytest.raises(CardError, match=r"text\.yaml:6: data\.target_format\.required_keys: only a kind json"):
+        check_card(load_card(path), tmp_path / "runs")
+
+
+@pytest.mark.parametrize(("key", "value"), [("required_keys", "[category]"), ("optional_keys", "[note]"),
+                                            ("category_key", "kind"), ("labels", "[billing]")])
+def test_each_kind_only_key_is_refused_on_the_other_kinds(tmp_path: Path, key: str, value: str) -> None:
+    """`TargetFormat.KIND_ONLY` (what a variant drops) agrees with what the checks refuse."""
+    from labkit.card.experiment_and_data import TargetFormat
+    from labkit.cli.runner import check_card
+
+    for kind in sorted({"json", "label", "text"} - {TargetFormat.KIND_ONLY[key]}):
+        extra = ", required_keys: [category]" if kind == "json" else ""
+        path = _card(tmp_path, f"{kind}.yaml", SMOKE, f"data: {{target_format: {{kind: {kind}, {key}: {value}{extra}}}}}\n",
+                     {"json": "field_accuracy", "label": "accuracy", "text": "exact_match"}[kind])
+        with pytest.raises(CardError, match=rf"data\.target_format(\.|: ){key}"):
+            check_card(load_card(path), tmp_path / "runs")
