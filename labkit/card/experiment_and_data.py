@@ -246,6 +246,9 @@ class Prompt(Strict):
         default="system", description="format chat: where `system` goes: a system message, or the start of the user "
         "message (for chat templates without a system role, such as Gemma 2's)")
     instruction: str = Field(default="{input}", description="user message; {input} is replaced by the row's input")
+    conversation: bool = Field(
+        default=False, description="format chat: data.fields.input holds a conversation ({role, content} turns); its "
+        "turns go through the chat template as they are, `instruction` wrapping the last user turn (docs/cards.md)")
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="format chat: variables every render of the chat template gets, e.g. "
         "{enable_thinking: false} for Qwen3 (its empty think block then ends the prompt instead of opening the answer)")
@@ -275,12 +278,14 @@ class Prompt(Strict):
             raise ValueError("template is only for format: plain; remove it or set format: plain")
         if self.chat_template_kwargs and self.format == "plain":
             raise ValueError("chat_template_kwargs is only for format: chat; remove it")
+        if self.conversation and self.format == "plain":
+            raise ValueError("conversation: true needs format: chat (a chat template renders the turns)")
         if bad := [k for k in self.chat_template_kwargs if not k.isidentifier() or k in _RENDER_ARGUMENTS]:
             raise ValueError(f"chat_template_kwargs: {bad[0]!r} is not a template variable (a Python name that is not "
                              "one of apply_chat_template's own arguments)")
         if self.system_in == "user" and self.format == "plain":
             raise ValueError("system_in is only for format: chat (the plain template places {system}); remove it")
-        if self.system_in == "user" and not self.system:
+        if self.system_in == "user" and not self.system and not self.conversation:  # or the conversations' system turn
             raise ValueError("system_in: user places `system`, which is not set; set system or remove system_in")
         return self
 

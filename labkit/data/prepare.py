@@ -28,7 +28,7 @@ from labkit.core.io import read_json, write_atomic, write_json
 from labkit.core.progress import task
 from labkit.core.protocol import check_data_version
 from labkit.core.runs import Run
-from labkit.data import leakage
+from labkit.data import conversations, leakage
 from labkit.data import sources as D
 from labkit.data.checks import (check_category_key, check_references, check_special_tokens, raise_on_failed,
                                 run_checks)
@@ -82,10 +82,12 @@ def _tokenizer_identity(tokenizer: Any, revision: str) -> TokenizerIdentity:
             "chat_template_sha256": D.sha256_text(template)}
 
 
-def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]]) -> tuple[dict, list[dict[str, Any]]]:
-    """Find duplicate pairs within and across the splits, and groups (data.fields.group) in more than one split, and
-    apply `data.leakage` (`spec`) to them, in place (drop_from_train drops the training rows of such a group)."""
-    pairs = leakage.find_duplicates({name: [(r["id"], r["input"]) for r in rows] for name, rows in splits.items()},
+def _apply_leakage(spec: Leakage, splits: dict[str, list[dict[str, Any]]],
+                   said: Callable[[str], str] = str) -> tuple[dict, list[dict[str, Any]]]:
+    """Find duplicate pairs within and across the splits (inputs compared as `said` gives them), and groups
+    (data.fields.group) in more than one split, and apply `data.leakage` (`spec`) to them, in place (drop_from_train
+    drops the training rows of such a group)."""
+    pairs = leakage.find_duplicates({name: [(r["id"], said(r["input"])) for r in rows] for name, rows in splits.items()},
                                     threshold=spec.near_duplicate_threshold)
     cross = [p for p in pairs if p["a_split"] != p["b_split"]]
     dropped: list[str] = []
@@ -185,7 +187,8 @@ def derive_splits(card: Card, tokenizer: Any) -> DerivedSplits:
         references = check_references(card.data, splits, where)  # every split, before anything is evaluated
         check_category_key(card, splits)
         check_special_tokens(tokenizer, splits, where)
-        leak_report, _ = _apply_leakage(card.data.leakage, splits)
+        leak_report, _ = _apply_leakage(card.data.leakage, splits,
+                                        conversations.spoken if card.data.prompt.conversation else str)
     planted = identity.pop("planted", None)
     return DerivedSplits(splits=splits, rows_loaded=len(raw), source=identity, planted=planted, cleaning=cleaning,
                          leakage=leak_report, references=references)

@@ -10,32 +10,55 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from jinja2.exceptions import TemplateError
 
 from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Prompt
+from labkit.data import conversations
+from labkit.errors import DataError
 
 IGNORE = -100
 
 
+def _asked(prompt: Prompt, text: str) -> list[dict[str, str]]:
+    """The turns of one input, ending with the user's: the input through `instruction`, or (`conversation: true`) the
+    row's turns with `instruction` around the last (`labkit.data.conversations`)."""
+    if not prompt.conversation:
+        return [{"role": "user", "content": prompt.instruction.replace("{input}", text)}]
+    *before, last = conversations.turns(text)
+    return [*before, {"role": "user", "content": prompt.instruction.replace("{input}", last["content"])}]
+
+
+def example_input(prompt: Prompt, text: str) -> str:
+    """`text` as an input of the card's shape: itself, or (`conversation: true`) a conversation of one user turn."""
+    return conversations.one_turn(text) if prompt.conversation else text
+
+
 def messages(prompt: Prompt, text: str, shots: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
-    """Chat messages of the prompt for one input text.
+    """Chat messages of the prompt for one input.
 
     Args:
-        prompt: the card's `data.prompt`: its `system` text is a system message, or (`system_in: user`) opens the
-            first user message, followed by a blank line, for templates without a system role.
-        text: the input text.
+        prompt: the card's `data.prompt`: its `system` text (or a conversation's own system turn) is a system message,
+            or (`system_in: user`) opens the first user message, followed by a blank line, for templates without a
+            system role.
+        text: the input text (`conversation: true`: the JSON text of the turns before the answer).
         shots: (input, answer) pairs shown first as earlier turns (a few-shot baseline prompt).
     Returns:
         the messages, ending with the user message of `text`.
     """
-    out = [{"role": "system", "content": prompt.system.strip()}] if prompt.system and prompt.system_in == "system" else []
+    asked = _asked(prompt, text)
+    system = prompt.system.strip() if prompt.system else ""
+    if asked[0]["role"] == "system":  # a conversation's own (never beside the card's: conversations.read_conversation)
+        system, asked = asked[0]["content"], asked[1:]
+    out: list[dict[str, str]] = []
     for given, answer in shots:
-        out += [{"role": "user", "content": prompt.instruction.replace("{input}", given)},
-                {"role": "assistant", "content": answer}]
-    out.append({"role": "user", "content": prompt.instruction.replace("{input}", text)})
-    if prompt.system and prompt.system_in == "user":
-        first = out[0]
-        out[0] = {**first, "content": f"{prompt.system.strip()}\n\n{first['content']}"}
+        out += [turn for turn in _asked(prompt, given) if turn["role"] != "system"]
+        out.append({"role": "assistant", "content": answer})
+    out += asked
+    if system and prompt.system_in == "system":
+        out.insert(0, {"role": "system", "content": system})
+    elif system:
+        out[0] = {**out[0], "content": f"{system}\n\n{out[0]['content']}"}
     return out
 
 
@@ -149,12 +172,19 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     Returns:
         Encoded.
     """
-    prompt = prompt_ids(tokenizer, card, text)
     if card.data.prompt.format == "plain":
+        prompt = prompt_ids(tokenizer, card, text)
         full = _plain_ids(tokenizer, plain_prompt(card.data.prompt, text) + target)
     else:
         convo = messages(card.data.prompt, text) + [{"role": "assistant", "content": target}]
-        full = _ids(render(tokenizer, card.data.prompt, convo, tokenize=True))
+        try:
+            prompt = prompt_ids(tokenizer, card, text)
+            full = _ids(render(tokenizer, card.data.prompt, convo, tokenize=True))
+        except TemplateError as exc:  # a conversation's turns (a card's own are checked when the tokenizer loads)
+            fix = (": a system turn under a template without a system role takes data.prompt.system_in: user"
+                   if convo[0]["role"] == "system" else "")
+            raise DataError(f"the chat template refuses the conversation {'/'.join(t['role'] for t in convo)} "
+                            f"({exc}){fix}") from None
     prefix_ok = full[: len(prompt)] == prompt
     before = _before_answer(tokenizer, full[len(prompt):], target) if prefix_ok and card.data.prompt.format == "chat" else ""
     eos = tokenizer.eos_token_id

@@ -11,6 +11,7 @@ from typing import Any
 
 from labkit.card.baseline_prompts import INPUT, BaselinePrompt, FewShotPrompt, TemplatePrompt
 from labkit.card.schema import Card
+from labkit.data import conversations
 from labkit.data.prompting import _ids, _plain_ids, messages, plain_prompt, prompt_ids, render
 
 
@@ -77,13 +78,14 @@ def baseline_prompt_ids(tokenizer: Any, card: Card, item: BaselinePrompt, text: 
     if item == "chat_template":
         return _ids(tokenizer.apply_chat_template(messages(card.data.prompt, text), add_generation_prompt=True,
                                                   tokenize=True))
+    said = conversations.transcript if card.data.prompt.conversation else str  # a template's {input}: plain text
     if isinstance(item, TemplatePrompt):
-        return _plain_ids(tokenizer, fill(item.template, text))
+        return _plain_ids(tokenizer, fill(item.template, said(text)))
     assert isinstance(item, FewShotPrompt)
     shots = shots or []
     if item.template is not None:
-        worked = [_answered(item.template, s["input"], s["target"]) for s in shots]
-        return _plain_ids(tokenizer, "\n\n".join([*worked, fill(item.template, text)]))
+        worked = [_answered(item.template, said(s["input"]), s["target"]) for s in shots]
+        return _plain_ids(tokenizer, "\n\n".join([*worked, fill(item.template, said(text))]))
     prompt = card.data.prompt
     if prompt.format == "plain":
         worked = [plain_prompt(prompt, s["input"]) + s["target"] for s in shots]

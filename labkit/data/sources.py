@@ -17,6 +17,7 @@ from typing import Any, Callable
 from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Data, Fields, HubSource, PathSource
 from labkit.data import dialogues, tickets
+from labkit.data.conversations import is_conversation, read_conversation
 from labkit.data.reading import read_file, read_given_splits, read_hub
 from labkit.errors import DataError
 
@@ -71,12 +72,6 @@ def load_source(data: Data) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     return rows, {"kind": "builtin", "name": source.builtin, "rows": source.rows, "seed": source.seed, "planted": planted}
 
 
-def _is_conversation(value: Any) -> bool:
-    """Whether a column's value is a chat conversation: a list of {"role", "content"} turns (a `messages` column)."""
-    return isinstance(value, list) and bool(value) and all(
-        isinstance(turn, dict) and {"role", "content"} <= turn.keys() for turn in value)
-
-
 def _same_answer(a: str, b: str) -> bool:
     """Whether two answers are the same: equal text, or equal JSON values (formatting aside)."""
     if a.strip() == b.strip():
@@ -117,11 +112,19 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
                 present = ", ".join(k for k in row if k != "__where__")
                 raise DataError(f"{where}: no field {column!r} (data.fields.{key}; the row has: {present})")
             value = row[column]
-            if key != "category" and _is_conversation(value):
+            if key == "input" and data.prompt.conversation:  # the turns before the answer (labkit.data.conversations)
+                mapped["input"], answer = read_conversation(value, where, column, column == fields.target,
+                                                            bool(data.prompt.system))
+                mapped.update({"target": answer} if answer is not None else {})
+                continue
+            if key == "target" and "target" in mapped:  # the conversation's last turn
+                continue
+            if key != "category" and is_conversation(value):
+                fix = ("the answer is text: map a text column, or the input's column to answer with its last turn"
+                       if data.prompt.conversation else "set data.prompt.conversation: true to read the turns before "
+                       "the answer as the input (docs/cards.md#conversations)")
                 raise DataError(f"{where}: field {column!r} (data.fields.{key}) holds a conversation ({len(value)} "
-                                "role/content turns), and a row is one input and one answer: write the user's text "
-                                "(or the turns before the answer, as text) to one column for data.fields.input and "
-                                "the assistant's answer to another for data.fields.target")
+                                f"role/content turns): {fix}")
             if key != "category" and not isinstance(value, str):
                 value = json.dumps(value) if isinstance(value, (dict, list)) else value
             if not isinstance(value, str) and not (key == "category" and isinstance(value, (int, bool))):

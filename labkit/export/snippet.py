@@ -78,7 +78,8 @@ def _base_lines(base: dict[str, Any], dtype: str, card: Any) -> list[str]:
 
 
 def prompt_lines(card: Any) -> list[str]:
-    """Lines that turn `text` into `ids`, the training prompt's token ids (`labkit.data.prompting.prompt_ids`).
+    """Lines that turn `text` (a conversation card: `turns`) into `ids`, the training prompt's token ids
+    (`labkit.data.prompting.prompt_ids`).
 
     Args:
         card: the card (`data.prompt`).
@@ -91,13 +92,33 @@ def prompt_lines(card: Any) -> list[str]:
                 "ids = tokenizer(prompt)['input_ids']",
                 "if tokenizer.bos_token_id is not None and ids[:2] == [tokenizer.bos_token_id] * 2:",
                 "    ids = ids[1:]  # one BOS, as in training"]
+    render = ("ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, "
+              + "".join(f"{k}={v!r}, " for k, v in prompt.chat_template_kwargs.items())  # as in training
+              + "return_dict=True)['input_ids'])")
+    if prompt.conversation:
+        return [*_conversation_lines(prompt), render]
     in_system = prompt.system and prompt.system_in == "system"
     system = [f"messages = [{{'role': 'system', 'content': {prompt.system.strip()!r}}}]"] if in_system else ["messages = []"]
     opening = f"{prompt.system.strip() + chr(10) * 2!r} + " if prompt.system and not in_system else ""  # system_in: user
     return [*system, f"messages.append({{'role': 'user', 'content': {opening}{prompt.instruction!r}.replace('{{input}}', text)}})",
-            "ids = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, "
-            + "".join(f"{k}={v!r}, " for k, v in prompt.chat_template_kwargs.items())  # as in training
-            + "return_dict=True)['input_ids'])"]
+            render]
+
+
+def _conversation_lines(prompt: Any) -> list[str]:
+    """`prompt_lines`' messages of a `conversation: true` card, from `turns` (the turns before the answer)."""
+    lines = ["messages = [dict(turn) for turn in turns]"]
+    if prompt.instruction != "{input}":  # the instruction wraps the last user turn
+        lines.append(f"messages[-1]['content'] = {prompt.instruction!r}.replace('{{input}}', messages[-1]['content'])")
+    system = prompt.system.strip() if prompt.system else ""
+    if system and prompt.system_in == "system":
+        return [*lines, f"messages.insert(0, {{'role': 'system', 'content': {system!r}}})"]
+    if system:
+        return [*lines, f"messages[0]['content'] = {system + chr(10) * 2!r} + messages[0]['content']"]
+    if prompt.system_in == "user":  # the conversation's own system turn opens its first user turn, as in training
+        return [*lines, "if messages[0]['role'] == 'system':",
+                "    opening = messages.pop(0)['content']",
+                "    messages[0]['content'] = opening + '\\n\\n' + messages[0]['content']"]
+    return lines
 
 
 def load_snippet(weights: str, base: dict[str, Any], card: Any, dtype: str,
@@ -112,7 +133,8 @@ def load_snippet(weights: str, base: dict[str, Any], card: Any, dtype: str,
         stops: the evaluation's stop ids (generation_config.json's eos_token_id).
         compute_dtype: the 4-bit compute dtype of a qlora card.
     Returns:
-        the lines of Python; run as they are in the export folder (with `text` set), they print the evaluation's answer.
+        the lines of Python; run as they are in the export folder (with `text` set, or `turns` for a conversation
+        card), they print the evaluation's answer.
     """
     if weights == "model":
         load = [f"model = AutoModelForCausalLM.from_pretrained(where, dtype=torch.{dtype}).eval()"]
@@ -125,7 +147,8 @@ def load_snippet(weights: str, base: dict[str, Any], card: Any, dtype: str,
             "tokenizer = AutoTokenizer.from_pretrained(where)",
             "generation = GenerationConfig.from_pretrained(where)  # greedy, as evaluated",
             f"stop = {list(stops)!r}  # the evaluation's stop ids (generation_config.json's eos_token_id)",
-            "text = 'your input here'", *prompt_lines(card),
+            "turns = [{'role': 'user', 'content': 'your input here'}]  # the conversation, ending with the user's turn"
+            if card.data.prompt.conversation else "text = 'your input here'", *prompt_lines(card),
             "inputs = {'input_ids': torch.tensor([ids]), 'attention_mask': torch.ones(1, len(ids), dtype=torch.long)}",
             "inputs = {k: v.to(model.device) for k, v in inputs.items()}",
             "out = model.generate(**inputs, generation_config=generation, eos_token_id=stop)",

@@ -16,6 +16,7 @@ import ipywidgets as w
 from IPython import get_ipython
 
 from labkit.core import io
+from labkit.data.conversations import readable
 from labkit.evaluate.ab_session import ab_files, ab_session
 from labkit.evaluate.human import human_verdict, rater_view, save_rating
 from labkit.show import tables
@@ -160,7 +161,7 @@ class ABRating:
         seen = rater_view(items[self.position])  # never the reference nor the sources before the rating
         pre = "<pre style='white-space:pre-wrap'>{}</pre>"
         self.view.value = (f"<p>item {self.position + 1} of {len(items)} · category {html.escape(str(seen['category']))}"
-                           f"</p><b>prompt</b>{pre.format(html.escape(seen['input']))}"
+                           f"</p><b>prompt</b>{pre.format(html.escape(readable(seen['input'])))}"
                            f"<b>A</b>{pre.format(html.escape(seen['a']))}<b>B</b>{pre.format(html.escape(seen['b']))}")
 
 

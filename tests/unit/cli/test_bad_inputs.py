@@ -238,8 +238,14 @@ CASES = [
     Case("missing-input-field", r"data\.jsonl:1: no field 'text' \(data\.fields\.input", rows=_set(0, text=DELETE), args=DATA),
     Case("target-not-text", r"data\.jsonl:2: field 'answer' must be text, got int", rows=_set(1, answer=7), args=DATA),
     Case("input-is-a-conversation", r"data\.jsonl:1: field 'text' \(data\.fields\.input\) holds a conversation \(2 "
-         r"role/content turns\), and a row is one input and one answer: write the user's text .* data\.fields\.target$",
+         r"role/content turns\): set data\.prompt\.conversation: true to read the turns before the answer as the "
+         r"input \(docs/cards\.md#conversations\)$",
          rows=_set(0, text=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]), args=DATA),
+    Case("conversation-turns-out-of-order", r"data\.jsonl:2: field 'text' \(data\.fields\.input, data\.prompt\."
+         r"conversation: true\): turn 2 is the user's where the assistant's comes", card={"data": {"prompt": {
+             "conversation": True}}}, rows=lambda rows: [{**r, "text": [{"role": "user", "content": r["text"]}]}
+                                                         for r in rows[:1]] + [{**rows[1], "text": [
+                 {"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]}] + rows[2:], args=DATA),
     Case("duplicate-id", r"data\.jsonl:2: id 'r000' is used twice", rows=_set(1, id="r000"), args=DATA),
     Case("split-column-bad-value", r"data\.jsonl:1: field 'split' \(data\.split\.field\) is 'training'",
          rows=_set(0, split="training"), args=DATA),

@@ -25,3 +25,16 @@ def test_own_data_prepares_with_every_check(tiny_model) -> None:
     derived, _ = checked_splits(card, load_tokenizer(tiny_model, card))
     assert derived.rows_loaded == 45
     assert {row["category"] for row in derived.splits["validation"]} == {"positive", "negative", "neutral"}
+
+
+def test_the_support_chat_example_prepares_its_conversations(tiny_model) -> None:
+    import json
+
+    card = load_card(CARD.parent / "support-chat.yaml").card
+    assert card.data.prompt.conversation and card.data.fields.input == card.data.fields.target == "messages"
+    derived, encoded = checked_splits(card, load_tokenizer(tiny_model, card))
+    assert derived.rows_loaded == 100 and derived.leakage["cross_split_pairs"] == 0
+    rows = [row for rows in derived.splits.values() for row in rows]
+    assert all(json.loads(row["input"])[-1]["role"] == "user" and "order" in row["target"] for row in rows)
+    assert {row["category"] for row in derived.splits["validation"]} == {"delivery", "return", "warranty"}
+    assert all(e.loss_tokens < len(e.input_ids) / 2 for e in encoded["train"])  # the loss on the last answer alone

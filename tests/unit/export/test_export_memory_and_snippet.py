@@ -85,6 +85,29 @@ def test_snippet_renders_the_training_prompt_token_for_token(fmt: str, tiny_mode
     assert ("enable_thinking=False" in lines[-1]) == fmt.endswith("variables")
 
 
+@pytest.mark.parametrize("system", ["the card's, as a system message", "the card's, in the user turn",
+                                    "the conversation's, in the user turn", "none"])
+def test_a_conversation_snippet_renders_the_training_prompt_token_for_token(system: str, tiny_model) -> None:
+    import json
+
+    from labkit.model.loading import load_tokenizer
+
+    card = updated(load_card(REPO / "params" / "smoke.yaml").card, {
+        "data.prompt.conversation": True,
+        "data.prompt.instruction": "{input}" if system == "none" else "Reply as support.\n{input}",
+        "data.prompt.system": None if system.startswith(("the conversation", "none")) else "Be brief.",
+        "data.prompt.system_in": "user" if system.endswith("user turn") else "system"})
+    turns = [{"role": "user", "content": "My lamp, order 12."}, {"role": "assistant", "content": "Found it."},
+             {"role": "user", "content": "When does it come?"}]
+    if system.startswith("the conversation"):
+        turns.insert(0, {"role": "system", "content": "You are the desk."})
+    tokenizer = load_tokenizer(tiny_model, card)
+    scope = {"tokenizer": tokenizer, "turns": turns}
+    exec("\n".join(prompt_lines(card)), scope)  # noqa: S102 - the snippet's own lines, as a user runs them
+    assert scope["ids"] == prompt_ids(tokenizer, card, json.dumps(turns))
+    assert turns[-1]["content"] == "When does it come?"  # the user's turns are left as they were
+
+
 def test_plain_snippet_keeps_a_single_bos(tiny_model) -> None:
     from labkit.model.loading import load_tokenizer
 

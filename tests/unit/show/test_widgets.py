@@ -70,6 +70,22 @@ def test_ab_rating_callbacks_record_ratings_and_the_verdict(tmp_path: Path, monk
     assert static.loc[0, "agreement"] == 1.0 and static.loc[0, "seed"] == rating.session["seed"]
 
 
+def test_a_conversation_is_shown_to_the_rater_as_its_turns(tmp_path: Path) -> None:
+    import json
+
+    base, tuned = _predictions(tuned_right={0})
+    turns = [{"role": "user", "content": "My lamp <b>broke</b>"}, {"role": "assistant", "content": "Which one?"},
+             {"role": "user", "content": "The red one."}]
+    for rows in (base, tuned):
+        for row in rows:
+            row["input"] = json.dumps(turns)
+    io.write_jsonl(tmp_path / "baseline" / "baseline_predictions.jsonl", base)
+    io.write_jsonl(tmp_path / "comparison" / "tuned_predictions.jsonl", tuned)
+    shown = widgets.ABRating(tmp_path, per_category=1).view.value
+    assert "user: My lamp &lt;b&gt;broke&lt;/b&gt;\nassistant: Which one?\nuser: The red one." in shown
+    assert "&quot;role&quot;" not in shown
+
+
 def test_a_rater_who_disagrees_lowers_the_agreement(tmp_path: Path) -> None:
     base, tuned = _predictions(tuned_right=set(range(12)))
     io.write_jsonl(tmp_path / "baseline" / "baseline_predictions.jsonl", base)
