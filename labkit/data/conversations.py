@@ -83,9 +83,13 @@ def one_turn(text: str) -> str:
     return json.dumps([{"role": "user", "content": text}], ensure_ascii=False)
 
 
+def _lines(said: list[dict[str, str]]) -> str:
+    return "\n".join(f"{turn['role']}: {turn['content']}" for turn in said)
+
+
 def transcript(text: str) -> str:
     """The turns as plain text, `role: content` per turn (a completion template's {input}, a page's input)."""
-    return "\n".join(f"{turn['role']}: {turn['content']}" for turn in turns(text))
+    return _lines(turns(text))
 
 
 def readable(text: str) -> str:
@@ -94,7 +98,7 @@ def readable(text: str) -> str:
         value = json.loads(text)
     except ValueError:
         return text
-    return transcript(text) if is_conversation(value) else text
+    return _lines(value) if is_conversation(value) else text
 
 
 def spoken(text: str) -> str:

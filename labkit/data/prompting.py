@@ -29,11 +29,6 @@ def _asked(prompt: Prompt, text: str) -> list[dict[str, str]]:
     return [*before, {"role": "user", "content": prompt.instruction.replace("{input}", last["content"])}]
 
 
-def example_input(prompt: Prompt, text: str) -> str:
-    """`text` as an input of the card's shape: itself, or (`conversation: true`) a conversation of one user turn."""
-    return conversations.one_turn(text) if prompt.conversation else text
-
-
 def messages(prompt: Prompt, text: str, shots: Sequence[tuple[str, str]] = ()) -> list[dict[str, str]]:
     """Chat messages of the prompt for one input.
 

@@ -115,7 +115,8 @@ def map_fields(data: Data, raw: list[dict[str, Any]], origins: dict[str, str] | 
             if key == "input" and data.prompt.conversation:  # the turns before the answer (labkit.data.conversations)
                 mapped["input"], answer = read_conversation(value, where, column, column == fields.target,
                                                             bool(data.prompt.system))
-                mapped.update({"target": answer} if answer is not None else {})
+                if answer is not None:
+                    mapped["target"] = answer
                 continue
             if key == "target" and "target" in mapped:  # the conversation's last turn
                 continue

@@ -23,7 +23,8 @@ from labkit.card.experiment_and_data import Prompt
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, capture
 from labkit.core.progress import task
-from labkit.data.prompting import example_input, messages, render
+from labkit.data.conversations import one_turn
+from labkit.data.prompting import messages, render
 from labkit.errors import CardError, MethodError, ModelSourceError
 from labkit.model import attention
 from labkit.model.placement import Decisions, decide, for_architecture
@@ -151,8 +152,8 @@ def check_template(tokenizer: Any, prompt: Prompt, source: str) -> None:
         ModelSourceError: the template refuses a user / assistant conversation.
     """
     try:
-        render(tokenizer, prompt, [*messages(prompt, example_input(prompt, "x")), {"role": "assistant", "content": "y"}],
-               tokenize=False)
+        asked = one_turn("x") if prompt.conversation else "x"  # an input of the card's shape
+        render(tokenizer, prompt, [*messages(prompt, asked), {"role": "assistant", "content": "y"}], tokenize=False)
     except TemplateError as exc:
         if prompt.system and prompt.system_in == "system":
             raise CardError(f"data.prompt.system: the chat template of {source} refuses a system message ({exc}); set "
