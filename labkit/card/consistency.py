@@ -22,6 +22,8 @@ The rules, read against transformers 5.24, TRL 1.16 and labkit's own trainer and
   run it (fix: zero_stage 2, strategy fsdp, whose rank 0 holds the whole model, or packing off). Unlike the others
   this rule refuses a combination labkit cannot check, not a no-op.
 - data.prompt.system with a plain template that has no {system}: the text never reaches the prompt.
+- data.prompt.loss_on: every_answer with train.trainer dpo or orpo: a preference pair compares the last answers (the
+  earlier turns are the pair's shared prompt), so the earlier answers would carry no loss.
 - data.split.validation / test / seed / stratify with data.split.field or from_source: the splits are given, the
   fractions unused.
 - data.target_format.required_keys or category_key on a label or text target: only a JSON answer has keys.
@@ -115,6 +117,15 @@ def system_without_placeholder(card: Card) -> Problem | None:
     return None
 
 
+def every_answer_in_pairs(card: Card) -> Problem | None:
+    """Loss on every answer of a conversation for a trainer that compares the last answers of a pair."""
+    if card.data.prompt.loss_on == "every_answer" and card.train.trainer != "sft":
+        return ("data.prompt.loss_on", f"every_answer with train.trainer {card.train.trainer}: a preference pair "
+                "compares its two last answers, the earlier turns are the prompt they share, so the earlier answers "
+                "would carry no loss; remove data.prompt.loss_on (or set train.trainer: sft to learn every answer)")
+    return None
+
+
 def fractions_with_given_splits(card: Card) -> Problem | None:
     """Split fractions, seed or stratification next to splits that are given (a column or the source's own)."""
     spec = card.data.split
@@ -165,7 +176,8 @@ def category_metric_without_key(card: Card) -> Problem | None:
 
 RULES: tuple[Callable[[Card], Problem | None], ...] = (
     warmup_with_constant, save_steps_with_early_stopping, eval_steps_past_the_end, launcher_keys, packing_under_zero3,
-    system_without_placeholder, fractions_with_given_splits, keys_of_a_non_json_target, category_metric_without_key)
+    system_without_placeholder, every_answer_in_pairs, fractions_with_given_splits, keys_of_a_non_json_target,
+    category_metric_without_key)
 
 
 def problems(card: Card) -> list[Problem]:

@@ -235,6 +235,8 @@ PLAIN_TEMPLATE = "### Instruction:\n{system}\n\n{instruction}\n\n### Response:\n
 
 
 class Prompt(Strict):
+    # keys only training reads: left out of the keys of the base model's measurements, which do not depend on them
+    TRAINING_ONLY: ClassVar[frozenset[str]] = frozenset({"loss_on"})
     format: Literal["chat", "plain"] = Field(
         default="chat", description="chat: a chat template renders the messages; plain: `template` renders the text")
     chat_template: Literal["model", "chatml"] = Field(
@@ -249,6 +251,9 @@ class Prompt(Strict):
     conversation: bool = Field(
         default=False, description="format chat: data.fields.input holds a conversation ({role, content} turns); its "
         "turns go through the chat template as they are, `instruction` wrapping the last user turn (docs/cards.md)")
+    loss_on: Literal["last_answer", "every_answer"] = Field(
+        default="last_answer", description="conversation: true: the loss on the last answer alone, or on every "
+        "assistant turn of the conversation too (each with its end token); evaluation generates the last answer")
     chat_template_kwargs: dict[str, bool | int | float | str] = Field(
         default_factory=dict, description="format chat: variables every render of the chat template gets, e.g. "
         "{enable_thinking: false} for Qwen3 (its empty think block then ends the prompt instead of opening the answer)")
@@ -280,6 +285,9 @@ class Prompt(Strict):
             raise ValueError("chat_template_kwargs is only for format: chat; remove it")
         if self.conversation and self.format == "plain":
             raise ValueError("conversation: true needs format: chat (a chat template renders the turns)")
+        if self.loss_on == "every_answer" and not self.conversation:
+            raise ValueError("loss_on: every_answer needs conversation: true (an input of one user turn has one answer, "
+                             "the last); remove loss_on or set conversation: true")
         if bad := [k for k in self.chat_template_kwargs if not k.isidentifier() or k in _RENDER_ARGUMENTS]:
             raise ValueError(f"chat_template_kwargs: {bad[0]!r} is not a template variable (a Python name that is not "
                              "one of apply_chat_template's own arguments)")

@@ -54,8 +54,10 @@ def run_protocol(run_dir: Path) -> dict[str, Any]:
 # where a data file lives is not part of the protocol (another checkout, another path); its content is, through
 # the data version that stage 01 records. The rejected answers of preference pairs are the method's extra training
 # signal, like the method itself: a dpo/orpo variant evaluates on the same rows as its sft siblings (their data
-# version leaves the rejected answers out), and two preference runs are compared on their preference_version.
-NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revision")  # the commit: see pins
+# version leaves the rejected answers out), and two preference runs are compared on their preference_version. Where a
+# conversation's loss falls (data.prompt.loss_on) is a training choice too: the rows and prompts evaluated are the same.
+NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revision",  # the commit: see pins
+                "data.prompt.loss_on")
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

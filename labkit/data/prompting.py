@@ -116,10 +116,11 @@ def prompt_text(tokenizer: Any, prompt: Prompt, text: str) -> str:
 
 def format_name(prompt: Prompt) -> str:
     """The prompt format (`data.prompt`) in words, as stage 02 shows it: `chat (model's template)`, `chat (ChatML
-    added)`, `plain`."""
+    added)`, `plain`; with `loss_on: every_answer`, that too."""
     if prompt.format == "plain":
         return "plain (template + EOS after the answer)"
-    return "chat (ChatML added to the tokenizer)" if prompt.chat_template == "chatml" else "chat (the model's template)"
+    name = "chat (ChatML added to the tokenizer)" if prompt.chat_template == "chatml" else "chat (the model's template)"
+    return name + (", the loss on every answer of the conversation" if prompt.loss_on == "every_answer" else "")
 
 
 @dataclass
@@ -128,7 +129,8 @@ class Encoded:
 
     Attributes:
         input_ids: prompt + completion tokens (ending at EOS, possibly truncated).
-        labels: IGNORE on prompt tokens, the token id where the loss is computed.
+        labels: IGNORE on prompt tokens, the token id where the loss is computed (`loss_on: every_answer`: the
+            conversation's earlier answers too).
         prompt_len: number of prompt tokens.
         full_len: length before truncation.
         truncated: whether max_length cut the example.
@@ -158,6 +160,7 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     format chat: the chat template renders the conversation; the sequence ends at the completion's EOS
     (template text after it, such as a trailing newline, is dropped: the model never generates past EOS).
     format plain: the plain prompt followed by the answer, tokenised as one text, then EOS appended.
+    `conversation: true` with `loss_on: every_answer`: the same tokens, the earlier assistant turns carrying loss too.
 
     Args:
         tokenizer: the model's tokenizer.
@@ -189,11 +192,46 @@ def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encode
     elif eos is not None:
         full = full + [eos]  # a template without EOS after the answer: add it so generation learns to stop
     labels = [IGNORE] * len(prompt) + full[len(prompt):]
+    if card.data.prompt.loss_on == "every_answer" and prefix_ok:
+        for start, end in _earlier_answers(tokenizer, card.data.prompt, convo, full):
+            labels[start:end] = full[start:end]
     full_len = len(full)
     limit = card.data.max_length
     return Encoded(input_ids=full[:limit], labels=labels[:limit], prompt_len=len(prompt), full_len=full_len,
                    truncated=full_len > limit, prefix_ok=prefix_ok,
                    prompt_format=format_name(card.data.prompt), before_answer=before)
+
+
+def _earlier_answers(tokenizer: Any, prompt: Prompt, convo: list[dict[str, str]],
+                     full: list[int]) -> list[tuple[int, int]]:
+    """Where the assistant turns before the last lie in `full` (the tokens of `convo`): per turn, from the end of the
+    turns before it with the assistant header (what generation starts from) to its end token (`loss_on:
+    every_answer`).
+
+    Args:
+        tokenizer: the model's tokenizer.
+        prompt: the card's `data.prompt`.
+        convo: the rendered messages, ending with the last answer.
+        full: their token ids.
+    Returns:
+        [start, end) token positions per earlier assistant turn.
+    Raises:
+        DataError: the template renders an earlier turn differently once later turns follow (so the tokens the model
+            would generate for it are not the ones in the conversation).
+    """
+    eos, spans = tokenizer.eos_token_id, []
+    for at in [at for at, turn in enumerate(convo[:-1]) if turn["role"] == "assistant"]:
+        start = _ids(render(tokenizer, prompt, convo[:at], add_generation_prompt=True, tokenize=True))
+        through = _ids(render(tokenizer, prompt, convo[: at + 1], tokenize=True))
+        if full[: len(start)] != start or full[: len(through)] != through:
+            raise DataError(f"data.prompt.loss_on: every_answer: the chat template renders the conversation's answer "
+                            f"{len(spans) + 1} differently once later turns follow it (Qwen3's drops an earlier "
+                            "answer's think block, Mistral's moves the system text to the last user turn), so what "
+                            "the model would see and generate there is not in the conversation; set "
+                            "data.prompt.loss_on: last_answer")
+        ends = [i for i in range(len(start), len(through)) if full[i] == eos]
+        spans.append((len(start), ends[-1] + 1 if ends else len(through)))
+    return spans
 
 
 def _before_answer(tokenizer: Any, completion: list[int], target: str) -> str | None:

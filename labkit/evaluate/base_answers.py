@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from labkit.card.experiment_and_data import Prompt
 from labkit.card.schema import Card
 from labkit.core.io import read_json, read_jsonl, utc_now, write_json, write_jsonl
 from labkit.data.sources import sha256_text
@@ -29,7 +30,7 @@ SPLITS = ("train", "validation")
 def cache_key(card: Card, tokenizer: Any, model_revision: str, data_version: str) -> dict[str, Any]:
     """What the base model's answers depend on: model revision, data version, prompt format, generation settings."""
     return {"model_revision": model_revision, "data_version": data_version,
-            "prompt": card.data.prompt.model_dump(mode="json"),
+            "prompt": card.data.prompt.model_dump(mode="json", exclude=Prompt.TRAINING_ONLY),
             "chat_template_sha256": sha256_text(getattr(tokenizer, "chat_template", None) or ""),
             "weights": {"dtype": card.model.dtype, "quantised_4bit": card.method.kind == "qlora"},
             "max_length": card.data.max_length, "generation": {"decoding": card.eval.decoding,

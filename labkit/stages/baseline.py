@@ -15,6 +15,7 @@ import shutil
 from typing import Any, TypedDict, cast
 
 from labkit.card.baseline_prompts import DEFAULT, FewShotPrompt, spec
+from labkit.card.experiment_and_data import Prompt
 from labkit.card.schema import Card
 from labkit.core import io
 from labkit.data.sources import sha256_text
@@ -83,7 +84,7 @@ def baseline_key(stage: Stage) -> str:
         "eval_split_sha256": manifest["split"]["sha256"][card.eval.split],
         "chat_template_sha256": manifest["tokenizer"]["chat_template_sha256"],
         "eval": card.eval.model_dump(exclude={"baseline_prompts"}),
-        "prompt": card.data.prompt.model_dump(),
+        "prompt": card.data.prompt.model_dump(exclude=Prompt.TRAINING_ONLY),
         "target_format": card.data.target_format.model_dump(),
         "max_length": card.data.max_length,
     }

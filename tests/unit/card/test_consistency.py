@@ -69,6 +69,9 @@ NO_OPS = {  # body of a child of smoke.yaml → (the key faulted on its line, a 
     "system without {system}": ("data:\n  prompt:\n    format: plain\n    chat_template: model\n    template: "
                                 "\"Q: {instruction}\\nA: \"\n    system: be brief\n", "data.prompt.system",
                                 "add {system}"),
+    "every answer with a preference trainer": ("train: {trainer: dpo}\ndata: {fields: {rejected: rejected}, prompt: "
+                                               "{loss_on: every_answer}}\n", "data.prompt.loss_on",
+                                               "train.trainer: sft"),
     "fractions with a split column": ("data: {split: {field: split}}\n", "data.split.validation",
                                       "remove data.split.validation"),
     "required_keys on a label target": ("data: {target_format: {required_keys: [label]}}\n",
@@ -81,6 +84,7 @@ NO_OPS = {  # body of a child of smoke.yaml → (the key faulted on its line, a 
 
 
 PARENTS = {"required_keys on a label target": "examples/own-data.yaml",
+           "every answer with a preference trainer": "examples/support-chat.yaml",
            "category_key on a text target": "examples/dialogue-summary-smollm2.yaml"}
 
 
@@ -110,6 +114,8 @@ def test_the_same_keys_where_they_are_read_load(tmp_path: Path) -> None:
         assert load_card(_child(tmp_path, body, f"{abs(hash(name))}.yaml")), name
     no_category = "data: {target_format: {category_key: null}}\nexperiment: {guardrails: [{metric: json_valid_rate, min: 0}]}\n"
     assert load_card(_child(tmp_path, no_category, "no-category.yaml")).card.data.target_format.category_key is None
+    every = load_card(REPO / "params" / "examples" / "support-chat-every-answer.yaml").card  # with the sft trainer
+    assert (every.data.prompt.loss_on, every.train.trainer) == ("every_answer", "sft")
     label = "data: {target_format: {kind: label, required_keys: [], category_key: category}}\n"  # the defaults
     assert load_card(_child(tmp_path, label, "label.yaml", "examples/own-data.yaml"))
 

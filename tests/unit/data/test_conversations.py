@@ -159,3 +159,87 @@ def test_a_baseline_template_gets_the_turns_as_text_and_few_shot_turns_stay_turn
     expected = [CHAT[2], {"role": "assistant", "content": "Friday."}, *CHAT[:3]]
     assert ids == list(render(tok, card.data.prompt, expected, add_generation_prompt=True, tokenize=True,
                               return_dict=True)["input_ids"])
+
+
+def _loss_spans(tokenizer, encoded) -> list[str]:
+    spans, run = [], []
+    for token, label in [*zip(encoded.input_ids, encoded.labels), (None, IGNORE)]:
+        if label != IGNORE:
+            run.append(token)
+        elif run:
+            spans, run = [*spans, tokenizer.decode(run)], []
+    return spans
+
+
+@pytest.mark.parametrize(("model", "extra", "end"), [
+    ("tiny:llama", {}, "<|im_end|>"),  # ChatML, the end token is the EOS
+    ("tiny:gemma2", {"data.prompt.system_in": "user"}, "<end_of_turn>\n"),  # a stop token that is not the EOS
+    ("tiny:mistral", {"data.prompt.chat_template": "chatml"}, "<|im_end|>"),  # ChatML added to a base model
+])
+def test_every_answer_puts_the_loss_on_each_assistant_turn_in_the_same_tokens(card, model, extra, end) -> None:
+    from labkit.model.loading import load_tokenizer
+    from labkit.model.sources import resolve
+
+    last = updated(card, {"model.source": model, **extra})
+    every = updated(last, {"data.prompt.loss_on": "every_answer"})
+    tokenizer = load_tokenizer(resolve(model), every)
+    chat = [*CHAT, {"role": "user", "content": "Can it come sooner?"},
+            {"role": "assistant", "content": "Yes: Thursday, for a fee."}]
+    text = json.dumps([SYSTEM, *chat[:-1]])
+    once, each = (encode_example(tokenizer, c, text, chat[-1]["content"]) for c in (last, every))
+    assert each.input_ids == once.input_ids and each.prompt_len == once.prompt_len and each.prefix_ok
+    assert each.prompt_format.endswith(", the loss on every answer of the conversation")
+    answers = [turn["content"] for turn in chat if turn["role"] == "assistant"]
+    spans = _loss_spans(tokenizer, each)
+    assert spans[:-1] == [answer + end for answer in answers[:-1]], spans  # each earlier answer and its end token
+    assert spans[-1] == _loss_spans(tokenizer, once)[0] and spans[-1].startswith(answers[-1])
+    assert [label for label in each.labels[once.prompt_len:]] == once.labels[once.prompt_len:]
+
+
+def test_every_answer_is_refused_where_the_template_rewrites_an_earlier_answer(card) -> None:
+    """Qwen3's template drops the think block of an answer once a later user turn follows it: the earlier answer as
+    trained would not be what the model sees or generates at that turn."""
+    from labkit.model.loading import load_tokenizer
+    from labkit.model.sources import resolve
+
+    qwen3 = updated(card, {"model.source": "tiny:qwen3", "data.prompt.chat_template_kwargs": {"enable_thinking": False},
+                           "data.prompt.loss_on": "every_answer"})
+    tokenizer = load_tokenizer(resolve("tiny:qwen3"), qwen3)
+    with pytest.raises(DataError, match=r"^data\.prompt\.loss_on: every_answer: the chat template renders the "
+                                        r"conversation's answer 1 differently .* set data\.prompt\.loss_on: last_answer$"):
+        encode_example(tokenizer, qwen3, json.dumps(CHAT[:3]), CHAT[-1]["content"])
+    one = encode_example(tokenizer, qwen3, json.dumps(CHAT[:1]), CHAT[1]["content"])  # no earlier answer: nothing to find
+    assert one.loss_tokens == encode_example(tokenizer, updated(qwen3, {"data.prompt.loss_on": "last_answer"}),
+                                             json.dumps(CHAT[:1]), CHAT[1]["content"]).loss_tokens
+
+
+def test_every_answer_needs_a_conversation(tmp_path) -> None:
+    path = tmp_path / "card.yaml"
+    path.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\nexperiment: {{variant: every}}\n"
+                    "data: {prompt: {loss_on: every_answer}}\n")
+    with pytest.raises(CardError, match=r"card\.yaml:3: .*loss_on: every_answer needs conversation: true"):
+        load_card(path)
+
+
+def test_an_every_answer_variant_shares_its_siblings_data_version_and_protocol(tmp_path, tiny_model) -> None:
+    """The rows and prompts evaluated are the same: only the training labels differ (recorded in the manifest)."""
+    from labkit.core import runs as R
+    from labkit.core.protocol import protocol_changes
+    from labkit.data.prepare import prepare
+    from labkit.model.loading import load_tokenizer
+
+    manifests, resolved = {}, {}
+    for name in ("support-chat.yaml", "support-chat-every-answer.yaml"):
+        path = tmp_path / name
+        path.write_text(f"parent: {REPO / 'params' / 'examples' / name}\n"
+                        "model: {source: 'tiny:llama', dtype: float32}\n")
+        loaded = load_card(path)
+        run = R.new_run(loaded, tmp_path / "runs")
+        manifests[name] = prepare(loaded.card, run, load_tokenizer(tiny_model, loaded.card), tiny_model.revision)
+        resolved[name] = loaded.resolved
+    last, every = manifests.values()
+    assert last["data_version"] == every["data_version"] and last["split"] == every["split"]
+    assert last["tokenised_sha256"]["train"] != every["tokenised_sha256"]["train"]
+    sections = [{"data": card["data"]} for card in resolved.values()]
+    assert sections[0]["data"]["prompt"]["loss_on"] != sections[1]["data"]["prompt"]["loss_on"]
+    assert protocol_changes(*sections) == {}
