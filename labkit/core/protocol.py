@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import yaml
 
+from labkit.card.experiment_and_data import Prompt
 from labkit.card.load import card_diff
 from labkit.card.schema import Card
 from labkit.card.update import updated
@@ -57,7 +58,7 @@ def run_protocol(run_dir: Path) -> dict[str, Any]:
 # version leaves the rejected answers out), and two preference runs are compared on their preference_version. Where a
 # conversation's loss falls (data.prompt.loss_on) is a training choice too: the rows and prompts evaluated are the same.
 NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revision",  # the commit: see pins
-                "data.prompt.loss_on")
+                *(f"data.prompt.{key}" for key in sorted(Prompt.TRAINING_ONLY)))
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,6 @@ from typing import Any, Callable, TypedDict
 import labkit
 from labkit.card.schema import Card
 from labkit.card.experiment_and_data import Leakage
-from labkit.card.update import updated
 from labkit.core import io
 from labkit.core.io import read_json, write_atomic, write_json
 from labkit.core.progress import task
@@ -231,12 +230,11 @@ def _version(tokenizer: Any, card: Card, splits: dict[str, list[dict[str, Any]]]
     """(data version, split sha256s, tokenised sha256s): the chosen answers only, and the loss on the last answer, so
     sft and preference variants of the same rows, and a `loss_on: every_answer` variant (which trains on more of the
     same tokens: its own labels are in the tokenised sha256s), share one version."""
-    def hashed(on: Card) -> dict[str, str]:
-        return {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encode_rows(tokenizer, on, rows)])
-                for name, rows in splits.items() if name != "test"}
-    tokenised = hashed(card)
-    last = tokenised if card.data.prompt.loss_on == "last_answer" else hashed(
-        updated(card, {"data.prompt.loss_on": "last_answer"}))
+    encoded = {name: encode_rows(tokenizer, card, rows) for name, rows in splits.items() if name != "test"}
+    tokenised = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.labels} for e in encs])
+                 for name, encs in encoded.items()}
+    last = {name: D.rows_hash([{"ids": e.input_ids, "labels": e.last_answer_labels} for e in encs])
+            for name, encs in encoded.items()}
     split_hashes = {name: D.split_sha256(rows_) for name, rows_ in splits.items()}
     return D.sha256_text(json.dumps({"splits": split_hashes, "tokenised": last}, sort_keys=True))[:12], split_hashes, tokenised
 

@@ -153,6 +153,11 @@ class Encoded:
     def loss_tokens(self) -> int:
         return sum(label != IGNORE for label in self.labels)
 
+    @property
+    def last_answer_labels(self) -> list[int]:
+        """The labels with the loss on the last answer alone (what `loss_on: last_answer` encodes)."""
+        return [IGNORE] * min(self.prompt_len, len(self.labels)) + self.labels[self.prompt_len:]
+
 
 def encode_example(tokenizer: Any, card: Card, text: str, target: str) -> Encoded:
     """Tokenise prompt + completion in the card's prompt format; loss on the completion only.
