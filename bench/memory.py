@@ -9,7 +9,8 @@ resident memory above the pre-step baseline; on CUDA `torch.cuda.max_memory_allo
 
 With `--random ARCH` the model is a random one of that architecture instead (hidden size 512, 4 layers, MLP 2048,
 8 heads of 64, 4 KV heads, a 32,000-token vocabulary; the tokenizer of `tiny:gemma2`): llama, gemma, gemma2 (eager
-attention, softcapped scores and logits) or gemma3 (a 128-token sliding window on 5 of every 6 layers).
+attention, softcapped scores and logits), gemma3 (a 128-token sliding window on 5 of every 6 layers), phi3 (fused
+qkv_proj and gate_up_proj, partial rotary 0.75) or olmo2 (norms after each sublayer, on the whole query and key).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -33,7 +34,8 @@ RANDOM = {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 4,
           "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 4096}
 RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "gemma2": ("Gemma2Config", {"sliding_window": 128}),
-                  "gemma3": ("Gemma3TextConfig", {"sliding_window": 128})}
+                  "gemma3": ("Gemma3TextConfig", {"sliding_window": 128}),
+                  "phi3": ("Phi3Config", {"partial_rotary_factor": 0.75}), "olmo2": ("Olmo2Config", {})}
 
 
 def random_config(arch: str, tokenizer):

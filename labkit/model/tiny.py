@@ -11,6 +11,8 @@ mimic their architecture's base models:
 | `mistral` | MistralForCausalLM | a base Mistral: GQA, sliding window, no chat template and no ChatML tokens |
 | `qwen2` | Qwen2ForCausalLM | Qwen2: q/k/v biases, tied embeddings, ChatML template |
 | `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
+| `phi3` | Phi3ForCausalLM | Phi-4-mini: fused `qkv_proj` and `gate_up_proj`, partial rotary (0.75), GQA, its template (each turn closed by `<|end|>`, a stop token of the model; the EOS after the last turn), BOS = EOS = pad |
+| `olmo2` | Olmo2ForCausalLM | OLMo 2: no norm before a sublayer (each output normed before its residual), q/k RMSNorm over the whole projection, untied LM head, ChatML template |
 | `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
 | `gemma3` | Gemma3ForConditionalGeneration | Gemma 3 4B and up: the text decoder (four norms a layer, q/k norms, sliding-window layers) beside a vision tower that text rows never run, its template (the system text opens the first user turn), `<end_of_turn>` as a stop token |
@@ -89,6 +91,12 @@ QWEN3 = (
     "hinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- en"
     'dif %}'
 )
+# Phi-4-mini's instruction template (microsoft/Phi-4-mini-instruct), without its tools branch: each turn closes with
+# <|end|> (a stop token of the model, not the tokenizer's EOS), a training text with the EOS after the last turn
+PHI4 = (
+    "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
+)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2}
@@ -107,6 +115,10 @@ SIZES = {
     "phi": {"arch": "Phi", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
             "partial_rotary_factor": 0.5, "vocab": 600, "template": False, "special": ["<|endoftext|>"],
             "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>"), "tie_word_embeddings": False},
+    "phi3": {"arch": "Phi3", **_LLAMA, "vocab": 600, "partial_rotary_factor": 0.75, "template": PHI4,
+             "special": ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"], "stops": ["<|end|>"],
+             "tokens": ("<|endoftext|>", "<|endoftext|>", "<|endoftext|>")},
+    "olmo2": {"arch": "Olmo2", **_LLAMA, "vocab": 600, "tie_word_embeddings": False},
     "qwen3": {"arch": "Qwen3", **_LLAMA, "head_dim": 32, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
     # a mixture of experts (Qwen3-30B-A3B's shape): 4 experts of which 2 run per token, fused in 3-D expert tensors
     "qwen3moe": {"arch": "Qwen3Moe", **_LLAMA, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,

@@ -11,7 +11,10 @@ transformers 5's attention functions, and checked per decoder layer in tests/uni
 
 Gemma 2 and Gemma 3 norm each sublayer's output too (four RMSNorms a layer, each keeping its input); Gemma 2's eager
 attention also keeps the softcapped scores' tanh (one more heads × sequence length tensor); a sliding-window layer
-gives SDPA a mask, and with it the repeated keys and values, once the sequence reaches the window.
+gives SDPA a mask, and with it the repeated keys and values, once the sequence reaches the window. Phi-3 fuses the
+query, key and value projections (`qkv_proj`) and the gate and up projections (`gate_up_proj`): the same inputs kept,
+fewer adapters; its rotary concatenates, so o_proj reads a copy of the attention's output. OLMo 2 has no norm before
+a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from labkit.model.attention import FP32_SCORES
 EAGER = ("eager", FP32_SCORES)
 SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
 QK_NORMS = {"qwen3", "gemma3"}  # blocks with a norm on each head's query and key
+QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
+GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 fuses them)
+# blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
+# the layout q_proj gave them, so SDPA's output is not in the layout o_proj reads and its input is a copy
+CONCATENATED_ROTARY = {"phi3"}
 
 
 def window_share(config: Any, seq_len: int) -> float:
@@ -113,7 +121,9 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         padded: whether batches carry padding (dynamic padding almost always does).
         block: "llama" (Llama, Mistral, Qwen2, Gemma), "qwen3" (Llama's with a norm on each head's query and key),
             "gemma2" (Llama's with a norm after attention and after the MLP, softcapped eager scores), "gemma3"
-            (Gemma 2's norms and Qwen3's query and key norms) or "phi" (`architecture`).
+            (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's with fused linears, o_proj reading a
+            copy of the attention's output), "olmo2" (norms after each sublayer and on the whole query and key) or
+            "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -145,16 +155,24 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         if "fc2" in adapted and shared:
             units["GELU output (fc2)"] = i
     else:
-        units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm,
-                 "gate, SiLU, up": 3 * i}
-        if adapted & {"q_proj", "k_proj", "v_proj"} and shared:
-            units["normed input (q/k/v)"] = h
-        if adapted & {"gate_proj", "up_proj"} and shared:
-            units["normed input (gate/up)"] = h
+        if block == "olmo2":
+            # no norm before a sublayer: each sublayer's output is normed before its residual, and the query and key
+            # projections are normed whole (one statistic a token each); the adapters read the unnormed inputs
+            units = {"attention output (its norm)": h * norm, "MLP output (its norm)": h * norm, "norm scales": 2 * norm,
+                     "query, key before their norms": (shape.q + shape.kv) * norm, "query, key norm scales": 2 * norm}
+            inputs = ("layer input (q/k/v)", "MLP input (gate/up)")
+        else:
+            units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm}
+            inputs = ("normed input (q/k/v)", "normed input (gate/up)")
+        units["gate, SiLU, up"] = 3 * i  # Phi-3's fused gate_up output is the gate and the up: the same 2i and SiLU's i
+        if adapted & QKV and shared:
+            units[inputs[0]] = h
+        if adapted & GATE_UP and shared:
+            units[inputs[1]] = h
         if "down_proj" in adapted and shared:
             units["gated product (down)"] = i
-        if attention in EAGER and "o_proj" in adapted and shared:  # eager's output made contiguous for o_proj
-            units["attention output"] = shape.q  # (sdpa keeps its own output: `attention_units`)
+        if (attention in EAGER or block in CONCATENATED_ROTARY) and "o_proj" in adapted and shared:
+            units["attention output, contiguous (o_proj)"] = shape.q  # (else o_proj reads the output SDPA keeps)
         if block in SANDWICH:  # Gemma 2 and 3 also norm the attention's and the MLP's outputs before each residual
             units["attention output (its norm)"] = units["MLP output (its norm)"] = h * norm
             units["norm scales"] = 4 * norm

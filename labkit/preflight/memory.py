@@ -6,10 +6,10 @@ architecture. The activation term counts, per decoder layer and per token, the t
 for the backward pass of the block's architecture (`ARCHITECTURES`): a Llama-style block (Llama, Llama 3,
 Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm on each head's query
 and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped eager attention,
-Gemma 3's query and key norms), or Phi's (one LayerNorm, attention and
-a GELU MLP in parallel, partial rotary). Any other architecture is not modelled: the estimate says so
-(`modelled: false`, `note`) and stage 03 shows the measurement alone; the loss
-term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
+Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's fused qkv_proj and gate_up_proj; OLMo 2's
+norms after each sublayer), or Phi's (one LayerNorm, attention and a GELU MLP in parallel, partial rotary). Any other
+architecture is not modelled: the estimate says so (`modelled: false`, `note`) and stage 03 shows the measurement
+alone; the loss term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
 on the CPU labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term
 is explained in the notebook of stage 03 and checked against a measurement there and in
 `bench/memory.py`.
@@ -85,7 +85,8 @@ def text_config(config: Any) -> Any:
 
 # model_type → the block whose activations `activation_units` counts
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
-                 "gemma": "llama", "gemma2": "gemma2", "gemma3_text": "gemma3"}
+                 "gemma": "llama", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
+                 "smollm3": "llama", "granite": "llama"}
 
 
 def architecture(config: Any) -> dict[str, Any]:

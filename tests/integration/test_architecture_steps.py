@@ -1,4 +1,4 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check
 on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The real-size
 configs (Llama 3 8B, Mistral 7B, Phi-2) are estimated on the meta device; an architecture the estimate does not model
 says so."""
@@ -32,9 +32,11 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # Gemma 2's template has no system role: the card's system text opens the user message; Qwen3's empty think block
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
-         "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}}}
-# LoRA'd linears per layer (Phi: q k v dense fc1 fc2)
-LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7}
+         "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
+         "phi3": {}, "olmo2": {}}
+# LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj)
+LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
+                 "olmo2": 7}
 
 
 def card_for(name: str) -> Card:
@@ -68,6 +70,9 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
     lora = 2 * 2 * LAYER_TENSORS[name]  # A and B, 2 layers
     assert update["expected"] == update["changed"] == lora + len(tokens)
     assert len(tokens) == (2 if name == "mistral" else 0)  # untied head: embedding rows and LM-head rows
+    if name == "phi3":  # the fused linears are what LoRA adapts and what the update moves
+        moved = {t["name"].split(".")[-4] for t in update["tensors"] if t["changed"]}  # …qkv_proj.lora_A.default.weight
+        assert moved == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
     from transformers import AutoConfig
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
@@ -85,9 +90,11 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
 
 def test_real_size_configs_on_meta() -> None:
     """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B, Phi-2 (parallel block, partial rotary,
-    dense biases), Qwen3-0.6B (queries wider than the hidden size) and Gemma 3 1B (sliding-window layers) are all
-    modelled; the LM head's 128k vocabulary shows in the loss-head term."""
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, PhiConfig, Qwen2Config, Qwen3Config
+    dense biases), Qwen3-0.6B (queries wider than the hidden size), Gemma 3 1B (sliding-window layers), a Phi-4-mini
+    (fused linears) and OLMo 2 7B (norms after each sublayer) are all modelled; the LM head's 128k vocabulary shows in
+    the loss-head term."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, PhiConfig, Qwen2Config
+    from transformers import Qwen3Config
 
     card = card_for("llama3")
     llama3 = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -123,6 +130,22 @@ def test_real_size_configs_on_meta() -> None:
     assert at[512]["sliding-window mask"] == pytest.approx(512 * 22 / 26)
     assert at[512]["keys, values"] == pytest.approx(2 * 256 + 2 * 768 * 22 / 26)
     assert at[512]["attention output (its norm)"] == 1152 and at[512]["query, key before their norms"] == 1024 + 256
+    # a Phi-3 block of Phi-4-mini's width (24 query heads of 128, 8 KV heads, partial rotary): the fused qkv_proj and
+    # gate_up_proj read the normed inputs, o_proj a copy of SDPA's output (the rotary's concatenation)
+    phi4_mini = Phi3Config(hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
+                           num_key_value_heads=8, partial_rotary_factor=0.75, vocab_size=200064, pad_token_id=199999)
+    est = estimate_step(phi4_mini, card, 512, micro_batch=2, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and set(est["adapted"]) == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+    assert units["normed input (q/k/v)"] == units["normed input (gate/up)"] == 3072
+    assert units["attention output, contiguous (o_proj)"] == units["attention output"] == 3072
+    assert units["gate, SiLU, up"] == 3 * 8192 and units["keys, values"] == 2 * 8 * 128
+    # OLMo 2 7B's shape: the norms sit after each sublayer and on the whole query and key projections
+    units = estimate_step(Olmo2Config(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                      num_attention_heads=32, vocab_size=100352), card, 512, micro_batch=2,
+                          padded=False)["activation_units_per_token_layer"]
+    assert "layer input (norm)" not in units and units["layer input (q/k/v)"] == units["MLP input (gate/up)"] == 4096
+    assert units["query, key before their norms"] == 2 * 4096 and units["query, key norm scales"] == 2
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

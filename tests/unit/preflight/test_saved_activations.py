@@ -20,6 +20,7 @@ from labkit.preflight.memory import architecture, meta_model, parameter_bytes, s
 
 SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 600, "max_position_embeddings": 2048}
+IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # in the vocabulary (Phi-3's defaults are not)
 CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "llama, head_dim 32": lambda: transformers.LlamaConfig(**SIZES, head_dim=32),
            "qwen3, head_dim 32": lambda: transformers.Qwen3Config(**SIZES, head_dim=32),
@@ -28,7 +29,14 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "gemma, head_dim 32": lambda: transformers.GemmaConfig(**SIZES, head_dim=32),
            "gemma2, head_dim 32": lambda: transformers.Gemma2Config(**SIZES, head_dim=32, sliding_window=32),
            "gemma3, window 32": lambda: transformers.Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=32),
-           "gemma3, window 128": lambda: transformers.Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=128)}
+           "gemma3, window 128": lambda: transformers.Gemma3TextConfig(**SIZES, head_dim=32, sliding_window=128),
+           "phi3": lambda: transformers.Phi3Config(**SIZES, **IDS),
+           "phi3, partial rotary 0.75": lambda: transformers.Phi3Config(**SIZES, **IDS, partial_rotary_factor=0.75),
+           "olmo2": lambda: transformers.Olmo2Config(**SIZES, **IDS),
+           "smollm3, no rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=2),
+           "smollm3, rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=4),
+           "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
+                                                         residual_multiplier=0.22, attention_multiplier=0.015625)}
 ROWS, SEQ = 2, 64
 LAYER = 1  # the decoder layer measured
 EAGER_ONLY = {"gemma2, head_dim 32"}  # no sdpa kernel in transformers (softcapping)
