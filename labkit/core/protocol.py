@@ -12,6 +12,7 @@ takes the recorded commit, and a variant that names another commit of the same r
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -42,14 +43,36 @@ def card_protocol(card: dict[str, Any]) -> dict[str, Any]:
             "budget": card.get("budget"), "data": card.get("data")}
 
 
+def rows_version(split_sha256: dict[str, str]) -> str:
+    """The version of the rows alone (each split's sha256, no tokens): what variants of different base models share.
+
+    Args:
+        split_sha256: {split: sha256 of its rows}, as the data manifest records them.
+    Returns:
+        12 hex digits.
+    """
+    return hashlib.sha256(json.dumps(split_sha256, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def run_protocol(run_dir: Path) -> dict[str, Any]:
-    """The protocol of a run: its card's fixed keys, the data version it actually prepared and, for preference
-    pairs, the version of their rejected answers (None for an sft run: not compared, see `protocol_changes`)."""
+    """The protocol of a run: its card's fixed keys, the data version it actually prepared, the version of its rows
+    alone with the revision of the model that tokenised them (`other_model`), the version of preference pairs'
+    rejected answers (None for an sft run: not compared, see `protocol_changes`) and its hub commits."""
     card = yaml.safe_load((run_dir / "card.yaml").read_text(encoding="utf-8"))
     manifest = run_dir / "data_manifest.json"
     data = io.read_json(manifest) if manifest.exists() else {}
+    split = (data.get("split") or {}).get("sha256")
     return {**card_protocol(card), "data_version": data.get("data_version"),
+            "rows_version": rows_version(split) if split else None,
+            "model_revision": (data.get("tokenizer") or {}).get("model_revision"),
             "preference_version": (data.get("preference") or {}).get("version"), "pins": read_pins(run_dir)}
+
+
+def other_model(reference: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether two runs' data was tokenised for different base models (both revisions known and unequal): their data
+    versions differ by the tokens alone, so their rows versions are compared instead."""
+    ours, theirs = reference.get("model_revision"), other.get("model_revision")
+    return bool(ours and theirs and ours != theirs)
 
 
 # where a data file lives is not part of the protocol (another checkout, another path); its content is, through
@@ -62,10 +85,15 @@ NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revisio
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
-    """Flat {key: {"reference": a, "run": b}} of the protocol keys that differ (None values are not yet known)."""
+    """Flat {key: {"reference": a, "run": b}} of the protocol keys that differ (None values are not yet known).
+
+    A variant of another base model (`other_model`) tokenises the same rows its own way: its rows version is compared,
+    not its data version; for the same model the data version (rows and tokens) is.
+    """
     out = {}
+    skip = {"model_revision", "data_version" if other_model(reference, other) else "rows_version"}
     for key in reference:
-        if reference[key] is None or other.get(key) is None:
+        if key in skip or reference[key] is None or other.get(key) is None:
             continue
         for sub, change in card_diff(reference[key], other[key], f"{key}.").items():
             if sub not in NOT_PROTOCOL and not sub.startswith(("data.source.files.", "data.rejected")):
@@ -102,16 +130,20 @@ def check_protocol(resolved: dict[str, Any], root: Path, where: str) -> dict[str
     return changes
 
 
-def check_data_version(run: R.Run, version: str, protocol_change: str | None) -> None:
+def check_data_version(run: R.Run, version: str, protocol_change: str | None,
+                       split_sha256: dict[str, str] | None = None, model_revision: str | None = None) -> None:
     """Refuse data whose version differs from the experiment's reference run, before anything is evaluated on it.
 
     The card check (`check_protocol`) sees the card only: the same card over a data file with one row changed passes
-    it. Stage 01 calls this once the data version is known, before the baseline and before any file is written.
+    it. Stage 01 calls this once the data version is known, before the baseline and before any file is written. A
+    variant of another base model than the reference's is held to the same rows (`rows_version`), not the same tokens.
 
     Args:
         run: the run preparing its data.
         version: the data version it prepared.
         protocol_change: the card's experiment.protocol_change (a stated reason lets the run go on, flagged).
+        split_sha256: the sha256 of each split's rows it prepared (None: the data version alone is compared).
+        model_revision: the revision of the base model whose tokenizer encoded them.
     Raises:
         DataError: one line with both versions, the reference run and the fix.
     """
@@ -120,7 +152,17 @@ def check_data_version(run: R.Run, version: str, protocol_change: str | None) ->
     reference = _reference({r["run_id"]: run_protocol(r["dir"]) for r in done})
     if reference is None or protocol_change:
         return
-    theirs = run_protocol(run.root / run.experiment / reference)["data_version"]
+    ref = run_protocol(run.root / run.experiment / reference)
+    if split_sha256 is not None and other_model(ref, {"model_revision": model_revision}):
+        rows = rows_version(split_sha256)
+        if ref["rows_version"] and ref["rows_version"] != rows:
+            raise DataError(f"{run.card_path}: the rows of the splits ({rows}) differ from {ref['rows_version']}, those "
+                            f"of experiment {run.experiment!r}'s reference run {reference} (a row, a cleaning rule or "
+                            "the split changed, or a length limit counted in this model's tokens dropped other rows); "
+                            "its results would not be comparable: restore the data, or set experiment.protocol_change: "
+                            "\"why\" to run it anyway (it is then flagged not comparable)")
+        return
+    theirs = ref["data_version"]
     if theirs and theirs != version:
         raise DataError(f"{run.card_path}: data version {version} differs from {theirs}, the data of experiment "
                         f"{run.experiment!r}'s reference run {reference} (a row, a cleaning rule, the split or the "
@@ -129,10 +171,12 @@ def check_data_version(run: R.Run, version: str, protocol_change: str | None) ->
 
 
 def _reference(protocols: dict[str, dict[str, Any]]) -> str | None:
-    """The run whose protocol most completed runs share (ties: the earliest)."""
+    """The run whose protocol most completed runs share (ties: the earliest); variants of different base models share
+    one when their rows do (`protocol_changes`)."""
     if not protocols:
         return None
-    keys = {rid: json.dumps(p, sort_keys=True, default=str) for rid, p in protocols.items()}
+    keys = {rid: json.dumps({k: v for k, v in p.items() if k not in ("data_version", "model_revision")},
+                            sort_keys=True, default=str) for rid, p in protocols.items()}
     common = Counter(keys.values()).most_common()
     best = max(count for _, count in common)
     chosen = next(k for k, c in common if c == best) if sum(c == best for _, c in common) == 1 else None

@@ -292,7 +292,8 @@ def prepare(card: Card, run: Run, tokenizer: Any, model_revision: str,
     version, split_hashes, tokenised = _version(tokenizer, card, splits)  # the chosen answers: see _version
     if derived.rejected:  # the whole split's version: a preference run trains on the rows its steps read
         version = derived.rejected["data_version"]
-    check_data_version(run, version, card.experiment.protocol_change)  # before anything is written or evaluated
+    rows = None if derived.rejected else split_hashes  # a preference run's answered rows: its data version alone
+    check_data_version(run, version, card.experiment.protocol_change, rows, model_revision)  # before anything written
     manifest: DataManifest = {
         "data_version": version,
         "source": derived.source,

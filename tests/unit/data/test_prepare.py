@@ -157,22 +157,37 @@ def test_model_checks_catch_a_foreign_eos_and_template(tok, tiny_model) -> None:
         "<|im_end|>): the model learns to stop with a token that generation does not stop on")
 
 
+def _write_tickets(path: Path, edit: bool) -> None:
+    """The built-in tickets as a data file (row 5 edited: one changed row)."""
+    from labkit.data.tickets import generate_tickets
+
+    rows, _ = generate_tickets(rows=60, seed=3)
+    if edit:
+        rows[5]["text"] += " (edited)"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _reference_run(tmp_path: Path, tok, tiny_model, edit: bool = True) -> tuple[Path, R.Run, dict]:
+    """A completed run with results (the experiment's reference) on a tickets file, then the file with one row edited
+    (`edit`): (the file, the run, its manifest)."""
+    data = tmp_path / "tickets.jsonl"
+    _write_tickets(data, edit=False)
+    first, manifest = _prepare(tmp_path / "a", tok, tiny_model, source={"path": str(data)})
+    R.record(first, "completed", status="completed")
+    (first.dir / "comparison").mkdir()
+    (first.dir / "comparison" / "verdict.json").write_text("{}")
+    if edit:
+        _write_tickets(data, edit=True)
+    return data, first, manifest
+
+
 def test_a_variant_on_changed_data_stops_at_preparation_with_both_versions(tmp_path: Path, tok, tiny_model) -> None:
     """The card check sees only the card: the same card over a data file with one training row changed is stopped when
     stage 01 prepares the data, before any file is written, naming both data versions."""
     from labkit.core.protocol import check_data_version
-    from labkit.data.tickets import generate_tickets
     from labkit.errors import DataError
 
-    data = tmp_path / "tickets.jsonl"
-    rows, _ = generate_tickets(rows=60, seed=3)
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    first, manifest = _prepare(tmp_path / "a", tok, tiny_model, source={"path": str(data)})
-    R.record(first, "completed", status="completed")
-    (first.dir / "comparison").mkdir()
-    (first.dir / "comparison" / "verdict.json").write_text("{}")  # a completed run with results: the reference
-    rows[5]["text"] += " (edited)"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data, first, manifest = _reference_run(tmp_path, tok, tiny_model)
     loaded = _loaded(tmp_path / "b", source={"path": str(data)})
     second = R.new_run(loaded, first.root)
     with pytest.raises(DataError) as err:
@@ -182,3 +197,45 @@ def test_a_variant_on_changed_data_stops_at_preparation_with_both_versions(tmp_p
     assert not (second.dir / "data").exists()
     check_data_version(second, manifest["data_version"], None)  # the same data: no error
     check_data_version(second, "other", "the data was cleaned on purpose")  # a stated reason: goes on
+
+
+def test_a_variant_of_another_base_model_is_held_to_the_same_rows_not_the_same_tokens(tmp_path: Path, tok,
+                                                                                     tiny_model) -> None:
+    """Two base models tokenise the same rows their own way: a variant of another model than the reference run's
+    prepares the same data with another data version, and is comparable (its rows version is the reference's); the
+    same tokens under the reference's own model would be a change; a changed row stops it before anything is written,
+    naming both rows versions."""
+    from transformers import AutoTokenizer
+
+    from labkit.core.protocol import check_data_version, protocol_changes, rows_version, run_protocol
+    from labkit.errors import DataError
+    from labkit.model.sources import resolve
+
+    data, first, manifest = _reference_run(tmp_path, tok, tiny_model, edit=False)
+    phi3 = resolve("tiny:phi3")
+    phi3_tok = AutoTokenizer.from_pretrained(phi3.location)
+
+    def variant(folder: str):
+        raw = yaml.safe_load((first.dir / "card.yaml").read_text())
+        raw["model"]["source"], raw["experiment"]["variant"] = "tiny:phi3", "phi3"
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "card.yaml").write_text(yaml.safe_dump(raw))
+        loaded = load_card(tmp_path / folder / "card.yaml")
+        return loaded, R.new_run(loaded, first.root)
+
+    loaded, second = variant("b")
+    other = prepare(loaded.card, second, phi3_tok, phi3.revision)
+    assert other["data_version"] != manifest["data_version"] and other["split"] == manifest["split"]
+    ours, theirs = run_protocol(first.dir), run_protocol(second.dir)
+    assert theirs["rows_version"] == ours["rows_version"] == rows_version(manifest["split"]["sha256"])
+    assert protocol_changes(ours, theirs) == {}  # another model: the same rows are the same data
+    same_model = {**theirs, "model_revision": ours["model_revision"]}  # other tokens under the reference's own model
+    assert set(protocol_changes(ours, same_model)) == {"data_version"}
+    _write_tickets(data, edit=True)
+    loaded, third = variant("c")
+    with pytest.raises(DataError) as err:
+        prepare(loaded.card, third, phi3_tok, phi3.revision)
+    assert f"differ from {ours['rows_version']}" in str(err.value) and first.run_id in str(err.value)
+    assert "protocol_change" in str(err.value) and not (third.dir / "data_manifest.json").exists()
+    with pytest.raises(DataError, match="data version"):  # the same model's data version is still compared
+        check_data_version(third, "other", None, other["split"]["sha256"], tiny_model.revision)
