@@ -174,6 +174,21 @@ def variant_summaries(groups: dict[str, list[dict[str, Any]]], cards: dict[str, 
     return out
 
 
+def same_examples(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two runs evaluated the same examples (the same ids with the same references), so their answers pair —
+    whatever their base model: a variant of another base model has a baseline of its own and the same rows.
+
+    Args:
+        a, b: `labkit.experiment.compare.compare_experiment`'s run rows (their "tuned_rows").
+    Returns:
+        True when both evaluated the same, non-empty set of examples.
+    """
+    def examples(row: dict[str, Any]) -> list[tuple[Any, Any]]:
+        return sorted((r.get("id"), r.get("target")) for r in row.get("tuned_rows") or [])
+
+    return bool(a.get("tuned_rows")) and examples(a) == examples(b)
+
+
 def variant_pairs(groups: dict[str, list[dict[str, Any]]], bootstrap: dict[str, Any]) -> list[dict[str, Any]]:
     """Variant against variant across seeds, for every two variants of which at least one is replicated.
 
@@ -187,7 +202,7 @@ def variant_pairs(groups: dict[str, list[dict[str, Any]]], bootstrap: dict[str, 
     """
     out = []
     for (va, a), (vb, b) in combinations(groups.items(), 2):
-        if max(len(a), len(b)) < 2 or a[-1].get("baseline_key") != b[-1].get("baseline_key") \
+        if max(len(a), len(b)) < 2 or not same_examples(a[-1], b[-1]) \
                 or a[-1]["primary_metric"] != b[-1]["primary_metric"]:
             continue
         metric = _example_metric(a) or "exact_match"

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from labkit.evaluate.verdict import paired
-from labkit.experiment.replicates import seed_groups, variant_pairs
+from labkit.experiment.replicates import same_examples, seed_groups, variant_pairs
 from labkit.scoring.bootstrap import paired_intervals
 from labkit.scoring.metrics import RUN_METRICS
 from labkit.show.tables import fmt_gib, fmt_seconds
@@ -164,7 +164,7 @@ def pairwise(rows: list[dict[str, Any]], bootstrap: dict[str, Any]) -> list[dict
             and r["variant"] not in replicated]
     out = []
     for a, b in combinations(done, 2):
-        if a.get("baseline_key") != b.get("baseline_key") or a["primary_metric"] != b["primary_metric"]:
+        if not same_examples(a, b) or a["primary_metric"] != b["primary_metric"]:
             continue  # different evaluation examples or different questions: no paired comparison
         metric = a["primary_metric"] if a["primary_metric"] not in RUN_METRICS else next(
             (g for g in a["guardrail_metrics"] if g not in RUN_METRICS and g != "per_category_f1"), "exact_match")

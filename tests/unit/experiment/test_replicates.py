@@ -39,20 +39,20 @@ def _answer(i: int, right: bool) -> str:
                        "product": "x" if right else "y"})
 
 
-def _scored(loaded, p_right: float, rng: random.Random) -> tuple[list[dict], dict]:
+def _scored(loaded, p_right: float, rng: random.Random, n: int = N) -> tuple[list[dict], dict]:
     rows = [{"id": f"t{i:03d}", "category": CATEGORIES[i % 3], "target": _answer(i, True),
-             "prediction": _answer(i, rng.random() < p_right)} for i in range(N)]
+             "prediction": _answer(i, rng.random() < p_right)} for i in range(n)]
     return score_predictions(rows, loaded.card.data.target_format.model_dump())
 
 
-def _finish(run: R.Run, loaded, p_right: float, seed: int) -> None:
-    """What stages 01 and 05 leave for the comparison: both models' scored rows and metrics, the baseline key, the
-    verdict file; then the run completes."""
-    base_rows, base_metrics = _scored(loaded, 0.1, random.Random(0))  # one baseline, shared by every run
-    tuned_rows, tuned_metrics = _scored(loaded, p_right, random.Random(seed))
+def _finish(run: R.Run, loaded, p_right: float, seed: int, key: str = "k1", n: int = N) -> None:
+    """What stages 01 and 05 leave for the comparison: both models' scored rows and metrics (on the first `n` examples),
+    the baseline key, the verdict file; then the run completes."""
+    base_rows, base_metrics = _scored(loaded, 0.1, random.Random(0), n)  # one baseline, shared by every run
+    tuned_rows, tuned_metrics = _scored(loaded, p_right, random.Random(seed), n)
     io.write_jsonl(run.stage_dir("baseline") / "baseline_predictions.jsonl", base_rows)
     io.write_json(run.dir / "baseline" / "baseline_metrics.json", base_metrics)
-    io.write_json(run.dir / "baseline" / "baseline_key.json", {"key": "k1"})
+    io.write_json(run.dir / "baseline" / "baseline_key.json", {"key": key})
     io.write_jsonl(run.stage_dir("comparison") / "tuned_predictions.jsonl", tuned_rows)
     io.write_json(run.dir / "comparison" / "tuned_metrics.json", tuned_metrics)
     io.write_json(run.dir / "comparison" / "verdict.json", {"confirmed": False})
@@ -166,3 +166,26 @@ def test_labkit_runs_shows_the_replicate_and_its_seed(tmp_path: Path, repo: Path
     for run, shown in zip(runs, ("1/3 seed 42", "2/3 seed 43", "3/3 seed 44")):
         (line,) = [x for x in lines if x.split()[0] == f"smoke/{run.run_id}"]
         assert shown in line and "completed" in line
+
+
+def test_variants_of_two_base_models_are_paired_on_the_same_examples(tmp_path: Path, repo: Path) -> None:
+    """Two base models (each its own baseline key) evaluated on the same examples pair run against run; a run
+    evaluated on other examples pairs with neither."""
+    root = tmp_path / "runs"
+    runs = {}
+    for variant, source, key, n in (("llama", "tiny:llama", "k1", N), ("phi3", "tiny:phi3", "k2", N),
+                                    ("fewer", "tiny:llama", "k1", N - 10)):
+        loaded = load_card(_with_model(tmp_path, repo, variant, source))
+        runs[variant] = R.new_run(loaded, root)
+        _finish(runs[variant], loaded, 0.8, 42, key, n)
+    comparison = compare_experiment(root, "smoke", resamples=200)
+    assert all(r["comparable"] for r in comparison["runs"])
+    (pair,) = comparison["pairs"]
+    assert (pair["a_variant"], pair["b_variant"]) == ("llama", "phi3") and pair["metric"] == "field_accuracy"
+
+
+def _with_model(tmp: Path, repo: Path, variant: str, source: str) -> Path:
+    path = tmp / f"{variant}.yaml"
+    path.write_text(yaml.safe_dump({"parent": str(repo / "params" / "smoke.yaml"), "experiment": {"variant": variant},
+                                    "model": {"source": source}}))
+    return path
