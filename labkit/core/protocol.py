@@ -149,10 +149,11 @@ def check_data_version(run: R.Run, version: str, protocol_change: str | None,
     """
     done = [r for r in experiment_runs(run.root, run.experiment)
             if r["status"] == "completed" and r["has_results"] and r["run_id"] != run.run_id]
-    reference = _reference({r["run_id"]: run_protocol(r["dir"]) for r in done})
+    protocols = {r["run_id"]: run_protocol(r["dir"]) for r in done}
+    reference = _reference(protocols)
     if reference is None or protocol_change:
         return
-    ref = run_protocol(run.root / run.experiment / reference)
+    ref = protocols[reference]  # read once: the reference is one of the completed runs
     if split_sha256 is not None and other_model(ref, {"model_revision": model_revision}):
         rows = rows_version(split_sha256)
         if ref["rows_version"] and ref["rows_version"] != rows:

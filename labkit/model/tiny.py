@@ -11,7 +11,7 @@ mimic their architecture's base models:
 | `mistral` | MistralForCausalLM | a base Mistral: GQA, sliding window, no chat template and no ChatML tokens |
 | `qwen2` | Qwen2ForCausalLM | Qwen2: q/k/v biases, tied embeddings, ChatML template |
 | `phi` | PhiForCausalLM | Phi-2: parallel attention + MLP, partial rotary, dense biases, LayerNorm, BOS = EOS = pad, no template |
-| `phi3` | Phi3ForCausalLM | Phi-4-mini: fused `qkv_proj` and `gate_up_proj`, partial rotary (0.75), GQA, its template (each turn closed by `<|end|>`, a stop token of the model; the EOS after the last turn), BOS = EOS = pad |
+| `phi3` | Phi3ForCausalLM | Phi-4-mini: fused `qkv_proj` and `gate_up_proj`, partial rotary (0.75), GQA, a template in its style (each turn closed by `<|end|>`, a stop token of the model; the EOS after the last turn), BOS = EOS = pad |
 | `olmo2` | Olmo2ForCausalLM | OLMo 2: no norm before a sublayer (each output normed before its residual), q/k RMSNorm over the whole projection, untied LM head, ChatML template |
 | `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
@@ -91,8 +91,8 @@ QWEN3 = (
     "hinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- en"
     'dif %}'
 )
-# Phi-4-mini's instruction template (microsoft/Phi-4-mini-instruct), without its tools branch: each turn closes with
-# <|end|> (a stop token of the model, not the tokenizer's EOS), a training text with the EOS after the last turn
+# A template in the Phi-3 / Phi-4-mini instruction style (written here, not copied from a hub file): each turn closes
+# with <|end|> (a stop token of the model, not the tokenizer's EOS), a training text with the EOS after the last turn
 PHI4 = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
