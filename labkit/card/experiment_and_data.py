@@ -237,6 +237,9 @@ PLAIN_TEMPLATE = "### Instruction:\n{system}\n\n{instruction}\n\n### Response:\n
 class Prompt(Strict):
     # keys only training reads: left out of the keys of the base model's measurements, which do not depend on them
     TRAINING_ONLY: ClassVar[frozenset[str]] = frozenset({"loss_on"})
+    # keys that fit the prompt to one model's chat template (where the system text goes, the template's variables):
+    # protocol-fixed for one base model, free between base models (labkit.core.protocol.protocol_changes)
+    TEMPLATE_FIT: ClassVar[frozenset[str]] = frozenset({"system_in", "chat_template_kwargs"})
     format: Literal["chat", "plain"] = Field(
         default="chat", description="chat: a chat template renders the messages; plain: `template` renders the text")
     chat_template: Literal["model", "chatml"] = Field(

@@ -40,7 +40,14 @@ def card_protocol(card: dict[str, Any]) -> dict[str, Any]:
     except ValueError:  # a card this schema no longer reads (a key since removed): compared as archived
         pass
     return {"eval": card.get("eval"), "train.seed": (card.get("train") or {}).get("seed"),
-            "budget": card.get("budget"), "data": card.get("data")}
+            "budget": card.get("budget"), "data": card.get("data"), "base_model": base_model(card)}
+
+
+def base_model(card: dict[str, Any]) -> str | None:
+    """The base model a resolved card names: its model.source, an `hf:` source without its `@commit` (the commit is
+    pinned and compared on its own, `pins.json`); None when the card names none."""
+    source = (card.get("model") or {}).get("source")
+    return (source.partition("@")[0] if source.startswith("hf:") else source) if isinstance(source, str) else None
 
 
 def rows_version(split_sha256: dict[str, str]) -> str:
@@ -69,9 +76,14 @@ def run_protocol(run_dir: Path) -> dict[str, Any]:
 
 
 def other_model(reference: dict[str, Any], other: dict[str, Any]) -> bool:
-    """Whether two runs' data was tokenised for different base models (both revisions known and unequal): their data
-    versions differ by the tokens alone, so their rows versions are compared instead."""
+    """Whether two runs are of different base models: the revisions of the models that tokenised their data differ
+    (when both are known), else their cards name different models (`base_model`: a card checked before its run
+    prepared anything). Their data versions differ by the tokens alone, so their rows versions are compared instead,
+    and the prompt keys that fit a template (`Prompt.TEMPLATE_FIT`) are not compared."""
     ours, theirs = reference.get("model_revision"), other.get("model_revision")
+    if ours and theirs:
+        return ours != theirs
+    ours, theirs = reference.get("base_model"), other.get("base_model")
     return bool(ours and theirs and ours != theirs)
 
 
@@ -82,22 +94,41 @@ def other_model(reference: dict[str, Any], other: dict[str, Any]) -> bool:
 # conversation's loss falls (data.prompt.loss_on) is a training choice too: the rows and prompts evaluated are the same.
 NOT_PROTOCOL = ("data.source.path", "data.fields.rejected", "data.source.revision",  # the commit: see pins
                 *(f"data.prompt.{key}" for key in sorted(Prompt.TRAINING_ONLY)))
+# where a template takes the system text and the variables it needs (Gemma 2's `system_in: user`, Qwen3's
+# `enable_thinking`) fit the same prompt to one model's template, as `chat_template: model` itself does
+TEMPLATE_FIT = tuple(f"data.prompt.{key}" for key in sorted(Prompt.TEMPLATE_FIT))
 
 
 def protocol_changes(reference: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     """Flat {key: {"reference": a, "run": b}} of the protocol keys that differ (None values are not yet known).
 
     A variant of another base model (`other_model`) tokenises the same rows its own way: its rows version is compared,
-    not its data version; for the same model the data version (rows and tokens) is.
+    not its data version, and the prompt keys that fit its template (`TEMPLATE_FIT`) are its own; for the same model
+    the data version (rows and tokens) and those keys are compared. Hub commits are compared per repository
+    (`_commit_changes`).
     """
     out = {}
-    skip = {"model_revision", "data_version" if other_model(reference, other) else "rows_version"}
+    another = other_model(reference, other)
+    skip = {"model_revision", "base_model", "pins", "data_version" if another else "rows_version"}
     for key in reference:
         if key in skip or reference[key] is None or other.get(key) is None:
             continue
         for sub, change in card_diff(reference[key], other[key], f"{key}.").items():
-            if sub not in NOT_PROTOCOL and not sub.startswith(("data.source.files.", "data.rejected")):
-                out[sub] = {"reference": change["parent"], "run": change["card"]}
+            fit = another and any(sub == k or sub.startswith(k + ".") for k in TEMPLATE_FIT)
+            if fit or sub in NOT_PROTOCOL or sub.startswith(("data.source.files.", "data.rejected")):
+                continue
+            out[sub] = {"reference": change["parent"], "run": change["card"]}
+    return {**out, **_commit_changes(reference.get("pins"), other.get("pins"))}
+
+
+def _commit_changes(reference: dict[str, Any] | None, pins: dict[str, Any] | None) -> dict[str, Any]:
+    """{"pins.KEY": {"reference", "run"}} where two runs pinned other commits of the same repository; another
+    repository (another base model or data set) and how a commit was found (`resolved`) are not compared."""
+    out = {}
+    for key, pin in (pins or {}).items():
+        ref = (reference or {}).get(key)
+        if ref and ref["repo"] == pin["repo"] and ref["commit"] != pin["commit"]:
+            out[f"pins.{key}"] = {"reference": ref["commit"], "run": pin["commit"]}
     return out
 
 
@@ -176,8 +207,7 @@ def _reference(protocols: dict[str, dict[str, Any]]) -> str | None:
     one when their rows do (`protocol_changes`)."""
     if not protocols:
         return None
-    keys = {rid: json.dumps({k: v for k, v in p.items() if k not in ("data_version", "model_revision")},
-                            sort_keys=True, default=str) for rid, p in protocols.items()}
+    keys = {rid: json.dumps(_shared_part(p), sort_keys=True, default=str) for rid, p in protocols.items()}
     common = Counter(keys.values()).most_common()
     best = max(count for _, count in common)
     chosen = next(k for k, c in common if c == best) if sum(c == best for _, c in common) == 1 else None
@@ -185,6 +215,15 @@ def _reference(protocols: dict[str, dict[str, Any]]) -> str | None:
         if chosen is None or key == chosen:
             return rid
     return None
+
+
+def _shared_part(protocol: dict[str, Any]) -> dict[str, Any]:
+    """A run's protocol without what depends on its base model (its data version, model and revision), its hub
+    commits by repository alone (`_commit_changes`)."""
+    kept = {k: v for k, v in protocol.items() if k not in ("data_version", "model_revision", "base_model")}
+    if kept.get("pins"):
+        kept["pins"] = {key: [pin["repo"], pin["commit"]] for key, pin in kept["pins"].items()}
+    return kept
 
 
 def experiment_runs(root: Path, experiment: str, current: str | None = None) -> list[dict[str, Any]]:
