@@ -10,7 +10,6 @@ is really in use.
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import re
 import threading
@@ -22,6 +21,7 @@ import psutil
 import torch
 
 from labkit.card.schema import Card
+from labkit.core.allocator import release_promptly, trim
 from labkit.core.device import on_cuda
 from labkit.core.progress import task
 from labkit.data.pairs import fixed_length_pairs
@@ -48,50 +48,6 @@ def _rss() -> int:
         return kib * 1024
 
     return psutil.Process().memory_info().rss
-
-
-def trim() -> None:
-    """Return freed heap pages to the OS (glibc), so resident memory reflects live data."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def release_promptly() -> bool:
-    """Have glibc serve blocks of 64 KiB and more with mmap, so freed tensors leave the process at once.
-
-    By default glibc raises its mmap threshold after the first large free and keeps later blocks in
-    its heap, where freed memory stays resident; resident memory then overstates live tensors. Call it
-    before the process allocates much (stage 03 does it when it opens): set after a training step, the
-    heap that step left behind still inflates later measurements.
-
-    Returns:
-        whether the allocator accepted the settings (False off glibc).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, 1 << 16)) and bool(libc.mallopt(-1, 1 << 16))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        return False
-
-
-def fast_allocator() -> bool:
-    """Undo `release_promptly` for timing: glibc's mmap and trim thresholds as its dynamic rule leaves them once a
-    process has freed large blocks (32 MiB and 64 MiB), the setting a training process runs with.
-
-    With the 64 KiB threshold every activation is a fresh mmap whose pages fault in zeroed: correct memory figures,
-    but a step about 1.5 times slower on the CPU than in stage 04 (measured on the quickstart model).
-
-    Returns:
-        whether the allocator accepted the settings (False off glibc).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, 32 << 20)) and bool(libc.mallopt(-1, 64 << 20))
-    except (OSError, AttributeError):
-        return False
 
 
 def _reset_hwm() -> bool:

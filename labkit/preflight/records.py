@@ -2,14 +2,14 @@
 the step checks return, and what stage 03 writes to disk (the same dicts, serialised as JSON).
 
 The memory estimate's terms are keyed by identifiers (`BREAKDOWN`, `PHASES`, the alternatives' keys); their display
-labels live in `labkit.show.memory`.
+labels live in `labkit.show.memory_labels`.
 """
 
 from __future__ import annotations
 
 from typing import Any, TypedDict
 
-# the memory estimate's terms, by identifier (labkit.show.memory.LABELS says how each one is shown)
+# the memory estimate's terms, by identifier (labkit.show.memory_labels.LABELS says how each one is shown)
 BREAKDOWN = ("weights_frozen", "weights_4bit", "trainable_parameters", "gradients", "optimizer_states", "activations",
              "loss_head_buffers")
 PHASES = ("end_of_forward", "start_of_backward", "optimizer_update", "reference_forward", "recomputed_layer_backward")

@@ -49,7 +49,7 @@ def overheads(card: Card, est: MemoryEstimate, device: str | DeviceProfile, free
         device: "cuda" / "cpu", or a device profile.
         free_is_total: the available memory is the card's total (no CUDA context allocated yet).
     Returns:
-        {term id: bytes} (`labkit.preflight.records.OVERHEADS`; labels in `labkit.show.memory`).
+        {term id: bytes} (`labkit.preflight.records.OVERHEADS`; labels in `labkit.show.memory_labels`).
     """
     if not on_cuda(device):
         return {}

@@ -1,7 +1,7 @@
 """Time what a real training step costs, with the allocator a training process has.
 
 On the CPU, stage 03 measures memory first (`labkit.preflight.measure.memory_pass`, glibc set for exact figures,
-which slows a step) and times after, with glibc's own thresholds (`labkit.preflight.measure.fast_allocator`): a timed
+which slows a step) and times after, with glibc's own thresholds (`labkit.core.allocator.fast_allocator`): a timed
 pass of the stage-04 trainer at a representative length. On CUDA the measured pass is the timed pass (its
 measurement reads PyTorch's statistics and leaves the steps as training runs them,
 `labkit.preflight.measure.step_time_kept`). Then one evaluation batch is timed; the time plan
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from labkit.card.schema import Card
+from labkit.core.allocator import fast_allocator, release_promptly
 from labkit.core.device import on_cuda
 from labkit.core.progress import task
 from labkit.errors import StageFailed
-from labkit.preflight.measure import fast_allocator, fixed_length_dataset, fixed_steps, memory_pass
-from labkit.preflight.measure import release_promptly, step_time_kept
+from labkit.preflight.measure import fixed_length_dataset, fixed_steps, memory_pass, step_time_kept
 from labkit.train.callbacks import StepTimer
 from labkit.train.trainer import build_trainer
 

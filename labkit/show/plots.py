@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from labkit.scoring.metrics import OTHER, _norm
-from labkit.show.memory import label as memory_label
+from labkit.show.memory_labels import label as memory_label
 
 # what a per-category value is, said in the chart's title
 CATEGORY_TITLES = {"f1": "F1 (harmonic mean of precision and recall)", "per_category_f1": "F1",

@@ -38,7 +38,7 @@ from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
 from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
-from labkit.preflight.measure import release_promptly
+from labkit.core.allocator import release_promptly
 
 # with run_dir "", a stage continues the card's interactive run only when that run has done these stages; else it opens
 # the card's newest completed run for review (stage 05 without a trained adapter), or names the runs it could open

@@ -1,5 +1,6 @@
 """The command line starts fast: `import labkit.cli.main` and `labkit check CARD` load none of the libraries that take
-seconds to import (torch, transformers, datasets, peft, trl, accelerate).
+seconds to import (torch, transformers, datasets, peft, trl, accelerate); the stages that never train (01, 02) start
+without the training stack (peft with bitsandbytes, trl, wandb: seconds of each of their kernels' start).
 
 Each probe runs in a fresh interpreter (this test process has imported them long ago) and reports which of them are
 in `sys.modules` when it ends. The last test shows the probe sees such an import when one happens, so an empty report
@@ -8,6 +9,7 @@ means what it says.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -18,12 +20,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "transformers", "datasets", "peft", "trl", "accelerate")
+TRAINING = ("peft", "bitsandbytes", "trl", "wandb")
 
 
-def _loaded(code: str, tmp_path: Path) -> tuple[list[str], str]:
-    """Run `code` in a fresh interpreter (this checkout first on the path); the heavy libraries it left imported,
+def _loaded(code: str, tmp_path: Path, watched: tuple[str, ...] = HEAVY) -> tuple[list[str], str]:
+    """Run `code` in a fresh interpreter (this checkout first on the path); the `watched` libraries it left imported,
     and what it printed."""
-    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))\n"
+    probe = f"{code}\nimport json, sys\nprint(json.dumps(sorted(m for m in {watched!r} if m in sys.modules)))\n"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "LABKIT_RUNS": str(tmp_path / "runs")}
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
@@ -47,7 +50,25 @@ def test_labkit_check_loads_no_heavy_library(card: str, tmp_path: Path) -> None:
     assert loaded == []
 
 
-@pytest.mark.parametrize("module, library", [("labkit.model.loading", "torch"), ("labkit.data.reading", "datasets")])
-def test_the_probe_sees_a_heavy_import(module: str, library: str, tmp_path: Path) -> None:
-    loaded, _ = _loaded(f"import {module}", tmp_path)
+def _notebook_imports(name: str) -> str:
+    """The import statements of a notebook's code cells (its kernel's imports), one per line."""
+    cells = json.loads((REPO / "notebooks" / f"{name}.ipynb").read_text(encoding="utf-8"))["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    nodes = [n for text in code for n in ast.parse(text).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    return "\n".join(ast.unparse(n) for n in nodes)
+
+
+@pytest.mark.parametrize("notebook", ["01_baseline", "02_preprocessing"])
+def test_a_stage_that_never_trains_starts_without_the_training_stack(notebook: str, tmp_path: Path) -> None:
+    imports = _notebook_imports(notebook)
+    assert "labkit.stages.context" in imports and "labkit.show" in imports
+    loaded, _ = _loaded(imports, tmp_path, TRAINING)
+    assert loaded == []
+
+
+@pytest.mark.parametrize("code, library", [("import labkit.model.loading", "torch"),
+                                           ("import labkit.data.reading", "datasets"),
+                                           (_notebook_imports("04_training"), "trl")])
+def test_the_probe_sees_a_heavy_import(code: str, library: str, tmp_path: Path) -> None:
+    loaded, _ = _loaded(code, tmp_path, HEAVY + TRAINING)
     assert library in loaded

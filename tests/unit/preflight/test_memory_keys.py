@@ -1,5 +1,5 @@
 """The memory estimate keys its terms by identifiers (logic reads them back); the labels are only in
-labkit.show.memory, and stage 03's table and `labkit estimate` show those labels."""
+labkit.show.memory_labels, and stage 03's table and `labkit estimate` show those labels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN
 from labkit.preflight.records import PHASE_TERMS
 from labkit.preflight.sizing import estimate_config, overheads
 from labkit.card.update import updated
-from labkit.show.memory import LABELS, breakdown_rows, label
+from labkit.show.memory import breakdown_rows
+from labkit.show.memory_labels import LABELS, label
 
 IDENTIFIER = re.compile(r"^[a-z0-9_]+$")
 
