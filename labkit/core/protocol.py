@@ -336,10 +336,8 @@ def _experiment_pins(root: Path, experiment: str) -> dict[tuple[str, str], str]:
 
 
 def _pin_changes(reference: dict[str, Any] | None, card: Card) -> dict[str, Any]:
-    """A named commit that differs from the reference run's commit for the same repository (resolve takes it)."""
-    out = {}
-    for key, item in hub_revisions(card).items():
-        pin = (reference or {}).get(key)
-        if pin and pin["repo"] == item["repo"] and item["given"] not in (hub.RESOLVE, pin["commit"]):
-            out[key] = {"reference": pin["commit"], "run": item["given"]}
-    return out
+    """A named commit that differs from the reference run's commit for the same repository (resolve takes it): the
+    rule `labkit compare` applies to two runs' pins (`_commit_changes`)."""
+    named = {key: {"repo": item["repo"], "commit": item["given"]} for key, item in hub_revisions(card).items()
+             if item["given"] != hub.RESOLVE}
+    return {key.removeprefix("pins."): change for key, change in _commit_changes(reference, named).items()}
