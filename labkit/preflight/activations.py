@@ -14,7 +14,8 @@ attention also keeps the softcapped scores' tanh (one more heads × sequence len
 gives SDPA a mask, and with it the repeated keys and values, once the sequence reaches the window. Phi-3 fuses the
 query, key and value projections (`qkv_proj`) and the gate and up projections (`gate_up_proj`): the same inputs kept,
 fewer adapters; its rotary concatenates, so o_proj reads a copy of the attention's output. OLMo 2 has no norm before
-a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each).
+a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each);
+OLMo 3 is OLMo 2's block with sliding-window layers.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         block: "llama" (Llama, Mistral, Qwen2, Gemma), "qwen3" (Llama's with a norm on each head's query and key),
             "gemma2" (Llama's with a norm after attention and after the MLP, softcapped eager scores), "gemma3"
             (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's with fused linears, o_proj reading a
-            copy of the attention's output), "olmo2" (norms after each sublayer and on the whole query and key) or
-            "phi" (`architecture`).
+            copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after each sublayer and on the whole query
+            and key) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).

@@ -1,8 +1,9 @@
 """The activation terms of the memory estimate against what autograd really keeps: the tensors one decoder layer saves
 for the backward (torch's saved-tensor hooks, each storage counted once, parameters left out), per token, for a tiny
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
-query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention) and a Gemma 3 (four norms,
-query and key norms, a sliding window shorter or longer than the sequence), with LoRA on every linear layer, in
+query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
+query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
+the whole query and key) and an OLMo 3 (OLMo 2's block, sliding-window layers), with LoRA on every linear layer, in
 float32, with and without padding, with sdpa and eager attention."""
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "phi3": lambda: transformers.Phi3Config(**SIZES, **IDS),
            "phi3, partial rotary 0.75": lambda: transformers.Phi3Config(**SIZES, **IDS, partial_rotary_factor=0.75),
            "olmo2": lambda: transformers.Olmo2Config(**SIZES, **IDS),
+           # OLMo 3: OLMo 2's block, three of every four layers with a window (the measured layer 1 has one)
+           "olmo3, window 32": lambda: transformers.Olmo3Config(**SIZES, **IDS, sliding_window=32),
+           "olmo3, window 128": lambda: transformers.Olmo3Config(**SIZES, **IDS, sliding_window=128),
            "smollm3, no rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=2),
            "smollm3, rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=4),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
