@@ -31,11 +31,7 @@ def release_promptly() -> bool:
     Returns:
         whether the allocator accepted the settings (False off glibc).
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, 1 << 16)) and bool(libc.mallopt(-1, 1 << 16))  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
-    except (OSError, AttributeError):
-        return False
+    return _thresholds(mmap=1 << 16, trim=1 << 16)
 
 
 def fast_allocator() -> bool:
@@ -48,8 +44,13 @@ def fast_allocator() -> bool:
     Returns:
         whether the allocator accepted the settings (False off glibc).
     """
+    return _thresholds(mmap=32 << 20, trim=64 << 20)
+
+
+def _thresholds(mmap: int, trim: int) -> bool:
+    """Set glibc's M_MMAP_THRESHOLD and M_TRIM_THRESHOLD (bytes); False where there is no glibc or it refuses."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, 32 << 20)) and bool(libc.mallopt(-1, 64 << 20))
+        return bool(libc.mallopt(-3, mmap)) and bool(libc.mallopt(-1, trim))
     except (OSError, AttributeError):
         return False
