@@ -10,8 +10,9 @@ resident memory above the pre-step baseline; on CUDA `torch.cuda.max_memory_allo
 With `--random ARCH` the model is a random one of that architecture instead (hidden size 512, 4 layers, MLP 2048,
 8 heads of 64, 4 KV heads, a 32,000-token vocabulary; the tokenizer of `tiny:gemma2`): llama, gemma, gemma2 (eager
 attention, softcapped scores and logits), gemma3 (a 128-token sliding window on 5 of every 6 layers), phi3 (fused
-qkv_proj and gate_up_proj, partial rotary 0.75), olmo2 (norms after each sublayer, on the whole query and key) or
-olmo3 (OLMo 2's block, a 128-token sliding window on 3 of every 4 layers).
+qkv_proj and gate_up_proj, partial rotary 0.75), olmo2 (norms after each sublayer, on the whole query and key),
+olmo3 (OLMo 2's block, a 128-token sliding window on 3 of every 4 layers) or exaone4 (OLMo 2's norms but on each
+head's query and key, a 128-token window on 3 of every 4 layers, the fourth without rotary).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -37,7 +38,8 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "gemma2": ("Gemma2Config", {"sliding_window": 128}),
                   "gemma3": ("Gemma3TextConfig", {"sliding_window": 128}),
                   "phi3": ("Phi3Config", {"partial_rotary_factor": 0.75}), "olmo2": ("Olmo2Config", {}),
-                  "olmo3": ("Olmo3Config", {"sliding_window": 128})}
+                  "olmo3": ("Olmo3Config", {"sliding_window": 128}),
+                  "exaone4": ("Exaone4Config", {"sliding_window": 128})}
 
 
 def random_config(arch: str, tokenizer):

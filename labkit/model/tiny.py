@@ -14,6 +14,7 @@ mimic their architecture's base models:
 | `phi3` | Phi3ForCausalLM | Phi-4-mini: fused `qkv_proj` and `gate_up_proj`, partial rotary (0.75), GQA, a template in its style (each turn closed by `<|end|>`, a stop token of the model; the EOS after the last turn), BOS = EOS = pad |
 | `olmo2` | Olmo2ForCausalLM | OLMo 2: no norm before a sublayer (each output normed before its residual), q/k RMSNorm over the whole projection, untied LM head, ChatML template |
 | `olmo3` | Olmo3ForCausalLM | OLMo 3: OLMo 2's block with sliding-window layers (a 64-token window in the first layer, full attention in the second), untied LM head, ChatML template |
+| `exaone4` | Exaone4ForCausalLM | EXAONE 4.0 1.2B: OLMo 2's norms after each sublayer with q/k RMSNorm on each head, a 64-token window in the first layer and a global layer without rotary (NoPE) second, tied embeddings, a template in its style (`[|endofturn|]`, the EOS, closes each turn but the user's, a newline after it) |
 | `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
 | `gemma3` | Gemma3ForConditionalGeneration | Gemma 3 4B and up: the text decoder (four norms a layer, q/k norms, sliding-window layers) beside a vision tower that text rows never run, its template (the system text opens the first user turn), `<end_of_turn>` as a stop token |
@@ -98,6 +99,15 @@ PHI4 = (
     "{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% else %}{{ eos_token }}{% endif %}"
 )
+# A template in the EXAONE 3.5 / 4 style (written here, not copied from a hub file): an empty system turn when the
+# conversation has none, a user turn closed by a newline, every other turn by [|endofturn|] (the tokenizer's EOS) and
+# a newline after it
+EXAONE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "{{ '[|system|][|endofturn|]\n' }}{% endif %}{{ '[|' + message['role'] + '|]' + message['content'] }}"
+    "{% if message['role'] == 'user' %}{{ '\n' }}{% else %}{{ '[|endofturn|]\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '[|assistant|]' }}{% endif %}"
+)
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 _LLAMA = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
           "num_key_value_heads": 2}
@@ -122,6 +132,10 @@ SIZES = {
     "olmo2": {"arch": "Olmo2", **_LLAMA, "vocab": 600, "tie_word_embeddings": False},
     "olmo3": {"arch": "Olmo3", **_LLAMA, "vocab": 600, "tie_word_embeddings": False, "sliding_window": 64,
               "layer_types": ["sliding_attention", "full_attention"]},
+    "exaone4": {"arch": "Exaone4", **_LLAMA, "vocab": 600, "sliding_window": 64, "sliding_window_pattern": 2,
+                "template": EXAONE, "special": ["<|endoftext|>", "[PAD]", "[BOS]", "[|system|]", "[|user|]",
+                                                "[|assistant|]", "[|endofturn|]"],
+                "tokens": ("[BOS]", "[|endofturn|]", "[PAD]")},
     "qwen3": {"arch": "Qwen3", **_LLAMA, "head_dim": 32, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
     # a mixture of experts (Qwen3-30B-A3B's shape): 4 experts of which 2 run per token, fused in 3-D expert tensors
     "qwen3moe": {"arch": "Qwen3Moe", **_LLAMA, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,

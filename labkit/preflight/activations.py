@@ -15,7 +15,8 @@ gives SDPA a mask, and with it the repeated keys and values, once the sequence r
 query, key and value projections (`qkv_proj`) and the gate and up projections (`gate_up_proj`): the same inputs kept,
 fewer adapters; its rotary concatenates, so o_proj reads a copy of the attention's output. OLMo 2 has no norm before
 a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each);
-OLMo 3 is OLMo 2's block with sliding-window layers.
+OLMo 3 is OLMo 2's block with sliding-window layers; EXAONE 4 norms after each sublayer as OLMo 2 does, but each
+head's query and key (one statistic a head, as Qwen3).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from labkit.model.attention import FP32_SCORES
 
 EAGER = ("eager", FP32_SCORES)
 SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
-QK_NORMS = {"qwen3", "gemma3"}  # blocks with a norm on each head's query and key
+QK_NORMS = {"qwen3", "gemma3", "exaone4"}  # blocks with a norm on each head's query and key
+POST_NORMS = {"olmo2", "exaone4"}  # blocks with no norm before a sublayer, each sublayer's output normed instead
 QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
 GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 fuses them)
 # blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
@@ -124,7 +126,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             "gemma2" (Llama's with a norm after attention and after the MLP, softcapped eager scores), "gemma3"
             (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's with fused linears, o_proj reading a
             copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after each sublayer and on the whole query
-            and key) or "phi" (`architecture`).
+            and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each head's query and key) or "phi"
+            (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -156,9 +159,10 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         if "fc2" in adapted and shared:
             units["GELU output (fc2)"] = i
     else:
-        if block == "olmo2":
+        if block in POST_NORMS:
             # no norm before a sublayer: each sublayer's output is normed before its residual, and the query and key
-            # projections are normed whole (one statistic a token each); the adapters read the unnormed inputs
+            # projections are normed whole (one statistic a token each; EXAONE 4: a head each, set below); the
+            # adapters read the unnormed inputs
             units = {"attention output (its norm)": h * norm, "MLP output (its norm)": h * norm, "norm scales": 2 * norm,
                      "query, key before their norms": (shape.q + shape.kv) * norm, "query, key norm scales": 2 * norm}
             inputs = ("layer input (q/k/v)", "MLP input (gate/up)")

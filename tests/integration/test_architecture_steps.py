@@ -1,5 +1,6 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check
-on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The real-size
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Gemma 2, Gemma 3 (with a vision tower) and Qwen3
+models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer steps, the memory
+estimate and greedy generation from the card's prompt format. The real-size
 configs (Llama 3 8B, Mistral 7B, Phi-2) are estimated on the meta device; an architecture the estimate does not model
 says so."""
 
@@ -33,10 +34,10 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
-         "phi3": {}, "olmo2": {}, "olmo3": {}}
+         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
-                 "olmo2": 7, "olmo3": 7}
+                 "olmo2": 7, "olmo3": 7, "exaone4": 7}
 
 
 def card_for(name: str) -> Card:
@@ -91,11 +92,11 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
 def test_real_size_configs_on_meta() -> None:
     """Llama 3 8B (GQA 32/8, 128k vocabulary, untied), Mistral 7B, Qwen2 7B, Phi-2 (parallel block, partial rotary,
     dense biases), Qwen3-0.6B (queries wider than the hidden size), Gemma 3 1B (sliding-window layers), a Phi-4-mini
-    (fused linears), OLMo 2 7B (norms after each sublayer) and OLMo 3 7B (OLMo 2's block, three of every four layers
-    with a 4096-token window) are all modelled; the LM head's 128k vocabulary shows in
-    the loss-head term."""
+    (fused linears), OLMo 2 7B (norms after each sublayer), OLMo 3 7B (OLMo 2's block, three of every four layers
+    with a 4096-token window) and EXAONE 4.0 32B (OLMo 2's norms, per-head query and key norms) are all modelled;
+    the LM head's 128k vocabulary shows in the loss-head term."""
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config, PhiConfig, Qwen2Config
-    from transformers import Olmo3Config, Qwen3Config
+    from transformers import Exaone4Config, Olmo3Config, Qwen3Config
 
     card = card_for("llama3")
     llama3 = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
@@ -153,6 +154,15 @@ def test_real_size_configs_on_meta() -> None:
     at = {n: estimate_step(olmo3, card, n, padded=False)["activation_units_per_token_layer"] for n in (4095, 4096)}
     assert at[4095]["query, key before their norms"] == 2 * 4096 and "sliding-window mask" not in at[4095]
     assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 24 / 32)
+    # EXAONE 4.0 32B's shape: OLMo 2's norms after each sublayer, but on each of the 40 query and 8 key heads; 48 of
+    # its 64 layers with a 4096-token window
+    exaone4 = Exaone4Config(hidden_size=5120, intermediate_size=27392, num_hidden_layers=64, num_attention_heads=40,
+                            num_key_value_heads=8, head_dim=128, vocab_size=102400, sliding_window=4096)
+    at = {n: estimate_step(exaone4, card, n, padded=False)["activation_units_per_token_layer"] for n in (4095, 4096)}
+    assert "layer input (norm)" not in at[4095] and at[4095]["layer input (q/k/v)"] == 5120
+    assert at[4095]["query, key before their norms"] == 40 * 128 + 8 * 128
+    assert at[4095]["query, key norm scales"] == 40 + 8 and "sliding-window mask" not in at[4095]
+    assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 48 / 64)
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

@@ -3,7 +3,8 @@ for the backward (torch's saved-tensor hooks, each storage counted once, paramet
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
-the whole query and key) and an OLMo 3 (OLMo 2's block, sliding-window layers), with LoRA on every linear layer, in
+the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers) and an EXAONE 4 (OLMo 2's norms, but on each
+head's query and key; global layers without rotary), with LoRA on every linear layer, in
 float32, with and without padding, with sdpa and eager attention."""
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            # OLMo 3: OLMo 2's block, three of every four layers with a window (the measured layer 1 has one)
            "olmo3, window 32": lambda: transformers.Olmo3Config(**SIZES, **IDS, sliding_window=32),
            "olmo3, window 128": lambda: transformers.Olmo3Config(**SIZES, **IDS, sliding_window=128),
+           # EXAONE 4: norms after each sublayer, on each head's query and key; 3 of every 4 layers windowed, the
+           # others without rotary (NoPE)
+           "exaone4, window 32": lambda: transformers.Exaone4Config(**SIZES, **IDS, sliding_window=32),
+           "exaone4, window 128": lambda: transformers.Exaone4Config(**SIZES, **IDS, sliding_window=128),
+           "exaone4, no rotary in layer 1": lambda: transformers.Exaone4Config(**SIZES, **IDS, sliding_window=32,
+                                                                               sliding_window_pattern=2),
            "smollm3, no rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=2),
            "smollm3, rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=4),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
