@@ -30,6 +30,7 @@ EAGER = ("eager", FP32_SCORES)
 SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
 QK_NORMS = {"qwen3", "gemma3", "exaone4"}  # blocks with a norm on each head's query and key
 POST_NORMS = {"olmo2", "exaone4"}  # blocks with no norm before a sublayer, each sublayer's output normed instead
+FLOAT32_NORM_PRODUCT = {"gemma", "gemma2", "gemma3", "olmo2"}  # blocks whose norms multiply their weight in float32
 QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
 GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 fuses them)
 # blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
@@ -122,12 +123,12 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         params: from `parameter_bytes` (which linears carry adapters or train fully).
         seq_len: sequence length (the padding mask costs one value per key position).
         padded: whether batches carry padding (dynamic padding almost always does).
-        block: "llama" (Llama, Mistral, Qwen2, Gemma), "qwen3" (Llama's with a norm on each head's query and key),
-            "gemma2" (Llama's with a norm after attention and after the MLP, softcapped eager scores), "gemma3"
-            (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's with fused linears, o_proj reading a
-            copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after each sublayer and on the whole query
-            and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each head's query and key) or "phi"
-            (`architecture`).
+        block: "llama" (Llama, Mistral, Qwen2), "gemma" (Llama's, its norms multiplying in float32), "qwen3" (Llama's
+            with a norm on each head's query and key), "gemma2" (Llama's with a norm after attention and after the
+            MLP, softcapped eager scores), "gemma3" (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's
+            with fused linears, o_proj reading a copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after
+            each sublayer and on the whole query and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on
+            each head's query and key) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -186,7 +187,12 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units["query, key norm scales"] = (shape.heads + shape.kv_heads) * norm
     units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32, masked, block == "gemma2"))
     if params["norms_trainable"]:
-        units["normalised, before the norm weight"] = 2 * h
+        # each trainable norm weight keeps the normalised values it multiplies, for its gradient: the layer's two norms
+        # (four in a sandwich) and the query and key norms; Phi's LayerNorm derives its weights' gradients from what it
+        # keeps anyway. Gemma's and OLMo 2's norms multiply in float32, the others in the activations' dtype
+        if block != "phi":
+            normed = (4 if block in SANDWICH else 2) * h + (shape.q + shape.kv if block in QK_NORMS | POST_NORMS else 0)
+            units["normalised, before the norm weight"] = normed * (norm if block in FLOAT32_NORM_PRODUCT else 1)
     if lora:
         units["LoRA A outputs"] = method.r * len(adapted)
         width = {"down_proj": i, "fc2": i, "o_proj": shape.q}  # each adapted linear's input

@@ -85,7 +85,7 @@ def text_config(config: Any) -> Any:
 
 # model_type → the block whose activations `activation_units` counts
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
-                 "gemma": "llama", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
+                 "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama"}
 
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
+from labkit.card.schema import Card
 from labkit.card.update import updated
 from labkit.model.method import apply_method
 from labkit.preflight.activations import activation_units
@@ -68,7 +70,7 @@ def saved_per_token(model, padded: bool) -> float:
     mask = torch.ones(ROWS, SEQ, dtype=torch.long)
     if padded:
         mask[0, -8:] = 0
-    layer = model.get_base_model().model.layers[LAYER]
+    layer = (model.get_base_model() if hasattr(model, "get_base_model") else model).model.layers[LAYER]
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
     inside = [False]
@@ -85,44 +87,62 @@ def saved_per_token(model, padded: bool) -> float:
     return sum(seen.values()) / (ROWS * SEQ)
 
 
+def full_card() -> Card:
+    """The smoke card with full fine-tuning: every weight trains, the norms' among them."""
+    raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
+    return Card.model_validate({**raw, "method": {"kind": "full"}})
+
+
+def saved_and_estimated(name: str, card: Card, attention: str, padded: bool = False,
+                        bf16: bool = False) -> tuple[float, float, dict]:
+    """Bytes per token the measured layer saves and its estimate, in float32 or in bfloat16 under the CPU's autocast."""
+    config = CONFIGS[name]()
+    torch.manual_seed(0)
+    model = apply_method(transformers.AutoModelForCausalLM.from_config(
+        config, attn_implementation=attention, dtype=torch.bfloat16 if bf16 else torch.float32), card)
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        measured = saved_per_token(model, padded)
+    act_bytes = 2 if bf16 else 4
+    units = activation_units(shape_of(config), card, parameter_bytes(meta_model(config, card), card, act_bytes), SEQ,
+                             padded, architecture(config)["block"], attention, act_bytes, not bf16, autocast=bf16,
+                             masked=layer_masked(config, padded))
+    return measured, sum(units.values()) * act_bytes, units
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize(("name", "attention", "dropout"), CASES)
 def test_the_estimated_layer_keeps_what_autograd_saves(name: str, padded: bool, attention: str, dropout: float) -> None:
     # LoRA r 4 on all linear layers, float32 (with dropout: the CPU keeps each adapter's dropped input and its noise)
     card = updated(load_card(REPO / "params" / "smoke.yaml").card, {"method.dropout": dropout})
-    config = CONFIGS[name]()
-    torch.manual_seed(0)
-    model = apply_method(transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                                       dtype=torch.float32), card)
-    model.train()
-    measured = saved_per_token(model, padded)
-    units = activation_units(shape_of(config), card, parameter_bytes(meta_model(config, card), card, 4), SEQ, padded,
-                             architecture(config)["block"], attention, 4, True, masked=layer_masked(config, padded))
-    estimated = sum(units.values()) * 4
+    measured, estimated, _ = saved_and_estimated(name, card, attention, padded)
     # what the units leave out: the rotary cos / sin (2 × head_dim values per position, shared by the rows)
     assert 0 <= measured - estimated <= 0.03 * measured, (name, padded, attention, dropout, measured, estimated)
 
 
+@pytest.mark.parametrize(("name", "attention"), [(name, attention) for name, attention, dropout in CASES if not dropout])
+def test_full_fine_tuning_keeps_each_trainable_norms_normalised_values(name: str, attention: str) -> None:
+    """Full fine-tuning, float32: each norm whose weight trains keeps the normalised values it multiplies — the
+    layer's two norms, a sandwich's four, the query and key norms (per head or whole) — except Phi's LayerNorm,
+    which derives its weights' gradients from what it keeps anyway."""
+    measured, estimated, units = saved_and_estimated(name, full_card(), attention)
+    assert "normalised, before the norm weight" in units or name == "phi"
+    assert 0 <= measured - estimated <= 0.03 * measured, (name, attention, measured, estimated, units)
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
 @pytest.mark.parametrize("name", sorted(set(CONFIGS) - {"phi"}))
-def test_under_bf16_autocast_each_adapter_keeps_its_own_copy(name: str) -> None:
-    """A GPU's bf16 training: bfloat16 weights, PEFT's float32 adapters, the step under autocast (as accelerate runs
-    it; the CPU's autocast casts the linear products the same way). Each RMSNorm keeps a float32 copy of its input and
-    each adapter a bfloat16 copy of its own input, not the shared normed input of float32 training. Left out: dropout
-    (the CPU's keeps float32 noise where CUDA's fused kernel keeps a 1-byte mask) and Phi (CUDA's autocast runs its
-    LayerNorm in float32, the CPU's in bfloat16: the CPU cannot stand in for it)."""
-    card = load_card(REPO / "params" / "smoke.yaml").card
-    config = CONFIGS[name]()
-    torch.manual_seed(0)
+def test_under_bf16_autocast(name: str, method: str) -> None:
+    """A GPU's bf16 training: bfloat16 weights, the step under autocast (as accelerate runs it; the CPU's autocast
+    casts the linear products the same way). Each RMSNorm keeps a float32 copy of its input. With LoRA (PEFT's float32
+    adapters) each adapter keeps a bfloat16 copy of its own input, not the shared normed input of float32 training;
+    in full fine-tuning Gemma's and OLMo 2's norms multiply their weight in float32 (the normalised values they keep
+    are float32), the others in bfloat16. Left out: dropout (the CPU's keeps float32 noise where CUDA's fused kernel
+    keeps a 1-byte mask) and Phi (CUDA's autocast runs its LayerNorm in float32, the CPU's in bfloat16: the CPU cannot
+    stand in for it)."""
+    card = load_card(REPO / "params" / "smoke.yaml").card if method == "lora" else full_card()
     attention = "eager" if name in EAGER_ONLY else "sdpa"
-    model = apply_method(transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention,
-                                                                       dtype=torch.bfloat16), card)
-    model.train()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        measured = saved_per_token(model, padded=False)
-    units = activation_units(shape_of(config), card, parameter_bytes(meta_model(config, card), card, 2), SEQ, False,
-                             architecture(config)["block"], attention, 2, False, autocast=True,
-                             masked=layer_masked(config, False))
-    estimated = sum(units.values()) * 2
+    measured, estimated, units = saved_and_estimated(name, card, attention, bf16=True)
     # left out: the rotary cos / sin and autocast's bfloat16 copies of the adapters' weights (per layer, not per token)
     assert 0 <= measured - estimated <= 0.06 * measured, (name, measured, estimated, units)
 
