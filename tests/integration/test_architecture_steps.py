@@ -1,8 +1,7 @@
 """Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Gemma 2, Gemma 3 (with a vision tower) and Qwen3
 models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer steps, the memory
-estimate and greedy generation from the card's prompt format. The real-size
-configs (Llama 3 8B, Mistral 7B, Phi-2) are estimated on the meta device; an architecture the estimate does not model
-says so."""
+estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B, Mistral 7B, Phi-2,
+OLMo 3 7B, EXAONE 4.0 32B, …) are estimated on the meta device; an architecture the estimate does not model says so."""
 
 from __future__ import annotations
 

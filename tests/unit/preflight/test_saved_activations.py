@@ -3,16 +3,16 @@ for the backward (torch's saved-tensor hooks, each storage counted once, paramet
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
-the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers) and an EXAONE 4 (OLMo 2's norms, but on each
-head's query and key; global layers without rotary), with LoRA on every linear layer, in
-float32, with and without padding, with sdpa and eager attention."""
+the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers) and an EXAONE 4 (OLMo 2's norms, but on
+each head's query and key; global layers without rotary), with LoRA on every linear layer, in float32, with and without
+padding, with sdpa and eager attention; and with full fine-tuning, where each trainable norm also keeps the values its
+weight multiplies; both also in bfloat16 under the CPU's autocast."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import transformers
-import yaml
 from conftest import REPO
 
 from labkit.card.load import load_card
@@ -89,8 +89,7 @@ def saved_per_token(model, padded: bool) -> float:
 
 def full_card() -> Card:
     """The smoke card with full fine-tuning: every weight trains, the norms' among them."""
-    raw = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
-    return Card.model_validate({**raw, "method": {"kind": "full"}})
+    return updated(load_card(REPO / "params" / "smoke.yaml").card, {"method": {"kind": "full"}})
 
 
 def saved_and_estimated(name: str, card: Card, attention: str, padded: bool = False,
