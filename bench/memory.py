@@ -12,8 +12,10 @@ With `--random ARCH` the model is a random one of that architecture instead (hid
 attention, softcapped scores and logits), gemma3 (a 128-token sliding window on 5 of every 6 layers), phi3 (fused
 qkv_proj and gate_up_proj, partial rotary 0.75), olmo2 (norms after each sublayer, on the whole query and key),
 olmo3 (OLMo 2's block, a 128-token sliding window on 3 of every 4 layers), exaone4 (OLMo 2's norms but on each
-head's query and key, a 128-token window on 3 of every 4 layers, the fourth without rotary) or phi (Phi-2's parallel
-block: one LayerNorm, partial rotary 0.5, a GELU MLP).
+head's query and key, a 128-token window on 3 of every 4 layers, the fourth without rotary), phi (Phi-2's parallel
+block: one LayerNorm, partial rotary 0.5, a GELU MLP), cohere (Command R's parallel block: one LayerNorm written out in
+float32, a SwiGLU MLP) or cohere2 (Cohere's block, a 128-token window on 3 of every 4 layers, the fourth without
+rotary).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -41,7 +43,8 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "phi3": ("Phi3Config", {"partial_rotary_factor": 0.75}), "olmo2": ("Olmo2Config", {}),
                   "olmo3": ("Olmo3Config", {"sliding_window": 128}),
                   "exaone4": ("Exaone4Config", {"sliding_window": 128}),
-                  "phi": ("PhiConfig", {"partial_rotary_factor": 0.5})}
+                  "phi": ("PhiConfig", {"partial_rotary_factor": 0.5}), "cohere": ("CohereConfig", {}),
+                  "cohere2": ("Cohere2Config", {"sliding_window": 128})}
 
 
 def random_config(arch: str, tokenizer):

@@ -1,5 +1,5 @@
 """The values autograd keeps per decoder layer and per token for the backward pass, by tensor, for the blocks the
-memory estimate models (`labkit.preflight.memory.ARCHITECTURES`) and the attention kernel the model trains with.
+memory estimate models (`ARCHITECTURES`; `architecture` reads a config's) and the attention kernel it trains with.
 
 SDPA (and the flash / flex kernels) keep the rotated queries, the keys and values, the output and one log-sum-exp per
 head and position, plus the padding mask. Eager attention keeps the softmax's float32 output and the probabilities
@@ -16,7 +16,10 @@ query, key and value projections (`qkv_proj`) and the gate and up projections (`
 fewer adapters; its rotary concatenates, so o_proj reads a copy of the attention's output. OLMo 2 has no norm before
 a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each);
 OLMo 3 is OLMo 2's block with sliding-window layers; EXAONE 4 norms after each sublayer as OLMo 2 does, but each
-head's query and key (one statistic a head, as Qwen3).
+head's query and key (one statistic a head, as Qwen3). Cohere (Command R, Aya Expanse; Cohere 2: Command R7B and A)
+runs attention and the MLP in parallel on one LayerNorm's output, as Phi does, but its LayerNorm is written out in
+float32: it keeps the centred input twice and one statistic a token; Command R+ also LayerNorms each head's query and
+key (`use_qk_norm`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,11 @@ from labkit.model.attention import FP32_SCORES
 
 EAGER = ("eager", FP32_SCORES)
 SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
-QK_NORMS = {"qwen3", "gemma3", "exaone4"}  # blocks with a norm on each head's query and key
+QK_NORMS = {"qwen3", "gemma3", "exaone4", "cohere_qk"}  # blocks with a norm on each head's query and key
 POST_NORMS = {"olmo2", "exaone4"}  # blocks with no norm before a sublayer, each sublayer's output normed instead
-FLOAT32_NORM_PRODUCT = {"gemma", "gemma2", "gemma3", "olmo2"}  # blocks whose norms multiply their weight in float32
+PARALLEL = {"cohere", "cohere_qk"}  # blocks whose one LayerNorm (written out in float32) feeds attention and the MLP
+# blocks whose norms multiply their weight in float32
+FLOAT32_NORM_PRODUCT = {"gemma", "gemma2", "gemma3", "olmo2", *PARALLEL}
 QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
 GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 fuses them)
 # blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
@@ -128,7 +133,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             MLP, softcapped eager scores), "gemma3" (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's
             with fused linears, o_proj reading a copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after
             each sublayer and on the whole query and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on
-            each head's query and key) or "phi" (`architecture`).
+            each head's query and key), "cohere" (one LayerNorm feeding attention and the MLP in parallel), "cohere_qk"
+            (Cohere's with a LayerNorm on each head's query and key) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -167,6 +173,11 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units = {"attention output (its norm)": h * norm, "MLP output (its norm)": h * norm, "norm scales": 2 * norm,
                      "query, key before their norms": (shape.q + shape.kv) * norm, "query, key norm scales": 2 * norm}
             inputs = ("layer input (q/k/v)", "MLP input (gate/up)")
+        elif block in PARALLEL:
+            # Cohere's LayerNorm in float32: the centred input twice (for the variance and for the product with the
+            # scale) and the scale; its one output feeds attention and the MLP in parallel
+            units = {"layer input, centred twice (LayerNorm)": 2 * h * norm, "norm scales": norm}
+            inputs = ("normed input (q/k/v, gate/up)",) * 2
         else:
             units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm}
             inputs = ("normed input (q/k/v)", "normed input (gate/up)")
@@ -182,16 +193,19 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         if block in SANDWICH:  # Gemma 2 and 3 also norm the attention's and the MLP's outputs before each residual
             units["attention output (its norm)"] = units["MLP output (its norm)"] = h * norm
             units["norm scales"] = 4 * norm
-        if block in QK_NORMS:  # RMSNorm of each head's query and key before the rotary: their inputs and scales
-            units["query, key before their norms"] = (shape.q + shape.kv) * norm
+        if block in QK_NORMS:  # a norm of each head's query and key before the rotary: their inputs and scales
+            # (Cohere's LayerNorm keeps them centred, twice)
+            units["query, key before their norms"] = (shape.q + shape.kv) * norm * (2 if block in PARALLEL else 1)
             units["query, key norm scales"] = (shape.heads + shape.kv_heads) * norm
     units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32, masked, block == "gemma2"))
     if params["norms_trainable"]:
         # each trainable norm weight keeps the normalised values it multiplies, for its gradient: the layer's two norms
-        # (four in a sandwich) and the query and key norms; Phi's LayerNorm derives its weights' gradients from what it
-        # keeps anyway. Gemma's and OLMo 2's norms multiply in float32, the others in the activations' dtype
+        # (four in a sandwich, Cohere's one) and the query and key norms; Phi's LayerNorm derives its weights' gradients
+        # from what it keeps anyway. Gemma's, OLMo 2's and Cohere's norms multiply in float32, the others in the
+        # activations' dtype
         if block != "phi":
-            normed = (4 if block in SANDWICH else 2) * h + (shape.q + shape.kv if block in QK_NORMS | POST_NORMS else 0)
+            norms = 4 if block in SANDWICH else 1 if block in PARALLEL else 2
+            normed = norms * h + (shape.q + shape.kv if block in QK_NORMS | POST_NORMS else 0)
             units["normalised, before the norm weight"] = normed * (norm if block in FLOAT32_NORM_PRODUCT else 1)
     if lora:
         units["LoRA A outputs"] = method.r * len(adapted)
@@ -204,3 +218,32 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             # dtype
             units["LoRA dropout masks"] = inputs * (1 if cuda else 4) / act_bytes
     return units
+
+
+def text_config(config: Any) -> Any:
+    """The text decoder's config (a multimodal model's `text_config`, else the config itself)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+# model_type → the block whose activations `activation_units` counts
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
+                 "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
+                 "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
+                 "cohere2": "cohere"}
+
+
+def architecture(config: Any) -> dict[str, Any]:
+    """Whether the estimate models the config's architecture.
+
+    Returns:
+        {"model_type", "block": a value of ARCHITECTURES or None, "modelled", "note"}.
+    """
+    c = text_config(config)
+    model_type = getattr(c, "model_type", "") or ""
+    block = ARCHITECTURES.get(model_type)
+    if block == "cohere" and getattr(c, "use_qk_norm", False):  # Command R+: a LayerNorm on each head's query and key
+        block = "cohere_qk"
+    note = None if block else (
+        f"the memory estimate does not model the {model_type or 'unknown'} architecture (modelled: "
+        f"{', '.join(sorted(ARCHITECTURES))}): stage 03 shows the measured memory alone")
+    return {"model_type": model_type, "block": block, "modelled": block is not None, "note": note}

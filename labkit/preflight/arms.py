@@ -40,7 +40,7 @@ from labkit.card.schema import Card
 from labkit.core.allocator import trim
 from labkit.core.device import on_cuda
 from labkit.preflight.measure import PeakMemory
-from labkit.preflight.memory import text_config
+from labkit.preflight.activations import text_config
 from labkit.preflight.sizing import arm_bytes, not_measurable
 from labkit.train.trainer import build_trainer
 

@@ -3,11 +3,12 @@
 The model is built on PyTorch's `meta` device from its config (no weights, no memory) and the
 card's method is applied to it, so parameter counts, trainable sets and dtypes are exact for any
 architecture. The activation term counts, per decoder layer and per token, the tensors autograd keeps
-for the backward pass of the block's architecture (`ARCHITECTURES`): a Llama-style block (Llama, Llama 3,
-Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm on each head's query
-and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped eager attention,
-Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's fused qkv_proj and gate_up_proj; OLMo 2's
-norms after each sublayer), or Phi's (one LayerNorm, attention and a GELU MLP in parallel, partial rotary). Any other
+for the backward pass of the block's architecture (`labkit.preflight.activations.ARCHITECTURES`): a Llama-style
+block (Llama, Llama 3, Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm
+on each head's query and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped
+eager attention, Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's fused qkv_proj and
+gate_up_proj; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's one float32 LayerNorm feeding attention
+and the MLP in parallel), or Phi's (one LayerNorm, attention and a GELU MLP in parallel, partial rotary). Any other
 architecture is not modelled: the estimate says so (`modelled: false`, `note`) and stage 03 shows the measurement
 alone; the loss term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
 on the CPU labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term
@@ -34,7 +35,8 @@ from labkit.core.device import DeviceProfile, device_kind
 from labkit.model.loading import decisions, pick_dtype
 from labkit.model.method import apply_method, towers
 from labkit.model.placement import decide, for_architecture
-from labkit.preflight.activations import activation_units, eager_transient_bytes, window_share
+from labkit.preflight.activations import activation_units, architecture, eager_transient_bytes, text_config
+from labkit.preflight.activations import window_share
 from labkit.preflight.records import ACTIVATIONS_CHECKPOINTED, ACTIVATIONS_PLAIN, BREAKDOWN, OPTIMIZER_STATES_PREFIX
 from labkit.preflight.records import UPCAST_PREFIX, MemoryEstimate
 
@@ -76,32 +78,6 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
     if isinstance(device, DeviceProfile):
         return decide(card, device, world_size=1, kernels={}).weight_dtype
     return str(pick_dtype(card, device)).replace("torch.", "")
-
-
-def text_config(config: Any) -> Any:
-    """The text decoder's config (a multimodal model's `text_config`, else the config itself)."""
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-# model_type → the block whose activations `activation_units` counts
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
-                 "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
-                 "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama"}
-
-
-def architecture(config: Any) -> dict[str, Any]:
-    """Whether the estimate models the config's architecture.
-
-    Returns:
-        {"model_type", "block": a value of ARCHITECTURES or None, "modelled", "note"}.
-    """
-    c = text_config(config)
-    model_type = getattr(c, "model_type", "") or ""
-    block = ARCHITECTURES.get(model_type)
-    note = None if block else (
-        f"the memory estimate does not model the {model_type or 'unknown'} architecture (modelled: "
-        f"{', '.join(sorted(ARCHITECTURES))}): stage 03 shows the measured memory alone")
-    return {"model_type": model_type, "block": block, "modelled": block is not None, "note": note}
 
 
 def shape_of(config: Any) -> Shape:

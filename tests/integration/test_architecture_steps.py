@@ -1,7 +1,8 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Gemma 2, Gemma 3 (with a vision tower) and Qwen3
-models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer steps, the memory
-estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B, Mistral 7B, Phi-2,
-OLMo 3 7B, EXAONE 4.0 32B, …) are estimated on the meta device; an architecture the estimate does not model says so."""
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, Gemma 2, Gemma 3 (with a vision tower)
+and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer steps, the
+memory estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B, Mistral 7B,
+Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, …) are estimated on the meta device; an architecture the estimate does not
+model says so."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from labkit.evaluate.generation import generate_answers
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
 from labkit.model.sources import resolve
-from labkit.preflight.memory import architecture, estimate_step
+from labkit.preflight.activations import architecture
+from labkit.preflight.memory import estimate_step
 from labkit.preflight.stepchecks import update_check
 from labkit.preflight.memory_check import compare
 from labkit.show.memory import breakdown_rows
@@ -33,10 +35,10 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
-         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}}
+         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
-                 "olmo2": 7, "olmo3": 7, "exaone4": 7}
+                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7}
 
 
 def card_for(name: str) -> Card:
@@ -162,6 +164,33 @@ def test_real_size_configs_on_meta() -> None:
     assert at[4095]["query, key before their norms"] == 40 * 128 + 8 * 128
     assert at[4095]["query, key norm scales"] == 40 + 8 and "sliding-window mask" not in at[4095]
     assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 48 / 64)
+
+
+def test_cohere_shapes_on_meta() -> None:
+    """Command R 35B (64 heads, as many KV heads), Command R+ 104B (a LayerNorm on each head's query and key) and
+    Command R7B (Cohere 2: three of every four layers with a 4096-token window) are modelled: one LayerNorm's centred
+    input kept twice, its one output shared by attention and the MLP; the LM head's 256k vocabulary in the loss."""
+    from transformers import Cohere2Config, CohereConfig
+
+    card = card_for("cohere")
+    command_r = CohereConfig(hidden_size=8192, intermediate_size=22528, num_hidden_layers=40, num_attention_heads=64,
+                             num_key_value_heads=64, vocab_size=256000)
+    est = estimate_step(command_r, card, 512, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and est["architecture"] == "cohere" and est["shape"]["vocab"] == 256000
+    assert units["layer input, centred twice (LayerNorm)"] == 2 * 8192 and units["norm scales"] == 1
+    assert units["normed input (q/k/v, gate/up)"] == 8192 and "layer input (norm)" not in units
+    assert units["keys, values"] == 2 * 8192 and "query, key before their norms" not in units
+    plus = CohereConfig(hidden_size=12288, intermediate_size=33792, num_hidden_layers=64, num_attention_heads=96,
+                        num_key_value_heads=8, vocab_size=256000, use_qk_norm=True)
+    assert architecture(plus)["block"] == "cohere_qk"
+    units = estimate_step(plus, card, 512, padded=False)["activation_units_per_token_layer"]
+    assert units["query, key before their norms"] == 2 * (96 + 8) * 128 and units["query, key norm scales"] == 96 + 8
+    r7b = Cohere2Config(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                        num_key_value_heads=8, vocab_size=256000, sliding_window=4096)
+    at = {n: estimate_step(r7b, card, n, padded=False)["activation_units_per_token_layer"] for n in (4095, 4096)}
+    assert architecture(r7b)["block"] == "cohere" and "sliding-window mask" not in at[4095]
+    assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 24 / 32)
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

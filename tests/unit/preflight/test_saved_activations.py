@@ -3,10 +3,11 @@ for the backward (torch's saved-tensor hooks, each storage counted once, paramet
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
-the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers) and an EXAONE 4 (OLMo 2's norms, but on
-each head's query and key; global layers without rotary), with LoRA on every linear layer, in float32, with and without
-padding, with sdpa and eager attention; and with full fine-tuning, where each trainable norm also keeps the values its
-weight multiplies; both also in bfloat16 under the CPU's autocast."""
+the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on each
+head's query and key; global layers without rotary) and a Cohere (attention and the MLP in parallel on one LayerNorm;
+Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), with LoRA on every linear layer,
+in float32, with and without padding, with sdpa and eager attention; and with full fine-tuning, where each trainable
+norm also keeps the values its weight multiplies; both also in bfloat16 under the CPU's autocast."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from labkit.card.load import load_card
 from labkit.card.schema import Card
 from labkit.card.update import updated
 from labkit.model.method import apply_method
-from labkit.preflight.activations import activation_units
-from labkit.preflight.memory import architecture, meta_model, parameter_bytes, shape_of
+from labkit.preflight.activations import activation_units, architecture
+from labkit.preflight.memory import meta_model, parameter_bytes, shape_of
 
 SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "vocab_size": 600, "max_position_embeddings": 2048}
@@ -46,6 +47,14 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "exaone4, window 128": lambda: transformers.Exaone4Config(**SIZES, **IDS, sliding_window=128),
            "exaone4, no rotary in layer 1": lambda: transformers.Exaone4Config(**SIZES, **IDS, sliding_window=32,
                                                                                sliding_window_pattern=2),
+           # Cohere: attention and the MLP in parallel on one LayerNorm (written out in float32); Command R+ also
+           # LayerNorms each head's query and key; Cohere 2: three of every four layers windowed, the others without
+           # rotary
+           "cohere": lambda: transformers.CohereConfig(**SIZES, **IDS),
+           "cohere, query and key norms": lambda: transformers.CohereConfig(**SIZES, **IDS, use_qk_norm=True),
+           "cohere2, window 32": lambda: transformers.Cohere2Config(**SIZES, **IDS, sliding_window=32),
+           "cohere2, no rotary in layer 1": lambda: transformers.Cohere2Config(
+               **SIZES, **IDS, sliding_window=32, layer_types=["sliding_attention", "full_attention"]),
            "smollm3, no rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=2),
            "smollm3, rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=4),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
