@@ -14,8 +14,9 @@ qkv_proj and gate_up_proj, partial rotary 0.75), olmo2 (norms after each sublaye
 olmo3 (OLMo 2's block, a 128-token sliding window on 3 of every 4 layers), exaone4 (OLMo 2's norms but on each
 head's query and key, a 128-token window on 3 of every 4 layers, the fourth without rotary), phi (Phi-2's parallel
 block: one LayerNorm, partial rotary 0.5, a GELU MLP), cohere (Command R's parallel block: one LayerNorm written out in
-float32, a SwiGLU MLP) or cohere2 (Cohere's block, a 128-token window on 3 of every 4 layers, the fourth without
-rotary).
+float32, a SwiGLU MLP), cohere2 (Cohere's block, a 128-token window on 3 of every 4 layers, the fourth without
+rotary), glm (GLM-4-9B-chat's: fused gate_up_proj, separate q/k/v with biases, half of each head rotated and
+concatenated) or glm4 (GLM-4-0414's: GLM's with a norm after attention and after the MLP).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -44,7 +45,8 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "olmo3": ("Olmo3Config", {"sliding_window": 128}),
                   "exaone4": ("Exaone4Config", {"sliding_window": 128}),
                   "phi": ("PhiConfig", {"partial_rotary_factor": 0.5}), "cohere": ("CohereConfig", {}),
-                  "cohere2": ("Cohere2Config", {"sliding_window": 128})}
+                  "cohere2": ("Cohere2Config", {"sliding_window": 128}), "glm": ("GlmConfig", {}),
+                  "glm4": ("Glm4Config", {})}
 
 
 def random_config(arch: str, tokenizer):

@@ -16,10 +16,11 @@ query, key and value projections (`qkv_proj`) and the gate and up projections (`
 fewer adapters; its rotary concatenates, so o_proj reads a copy of the attention's output. OLMo 2 has no norm before
 a sublayer: it norms each sublayer's output and the whole query and key projections (one statistic a token each);
 OLMo 3 is OLMo 2's block with sliding-window layers; EXAONE 4 norms after each sublayer as OLMo 2 does, but each
-head's query and key (one statistic a head, as Qwen3). Cohere (Command R, Aya Expanse; Cohere 2: Command R7B and A)
-runs attention and the MLP in parallel on one LayerNorm's output, as Phi does, but its LayerNorm is written out in
-float32: it keeps the centred input twice and one statistic a token; Command R+ also LayerNorms each head's query and
-key (`use_qk_norm`).
+head's query and key (one statistic a head, as Qwen3). GLM-4 (`glm`: GLM-4-9B-chat) is Phi-3's block with separate
+query, key and value projections; GLM-4-0414 (`glm4`) adds Gemma 2's norms after attention and after the MLP. Cohere
+(Command R, Aya Expanse; Cohere 2: Command R7B and A) runs attention and the MLP in parallel on one LayerNorm's
+output, as Phi does, but its LayerNorm is written out in float32: it keeps the centred input twice and one statistic
+a token; Command R+ also LayerNorms each head's query and key (`use_qk_norm`).
 """
 
 from __future__ import annotations
@@ -30,17 +31,17 @@ from labkit.card.schema import Card
 from labkit.model.attention import FP32_SCORES
 
 EAGER = ("eager", FP32_SCORES)
-SANDWICH = {"gemma2", "gemma3"}  # blocks with four norms a layer
+SANDWICH = {"gemma2", "gemma3", "glm4"}  # blocks with four norms a layer (GLM-4-0414's as Gemma 2's)
 QK_NORMS = {"qwen3", "gemma3", "exaone4", "cohere_qk"}  # blocks with a norm on each head's query and key
 POST_NORMS = {"olmo2", "exaone4"}  # blocks with no norm before a sublayer, each sublayer's output normed instead
 PARALLEL = {"cohere", "cohere_qk"}  # blocks whose one LayerNorm (written out in float32) feeds attention and the MLP
 # blocks whose norms multiply their weight in float32
 FLOAT32_NORM_PRODUCT = {"gemma", "gemma2", "gemma3", "olmo2", *PARALLEL}
 QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
-GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 fuses them)
+GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 and GLM fuse them)
 # blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
 # the layout q_proj gave them, so SDPA's output is not in the layout o_proj reads and its input is a copy
-CONCATENATED_ROTARY = {"phi3"}
+CONCATENATED_ROTARY = {"phi3", "glm4"}
 
 
 def window_share(config: Any, seq_len: int) -> float:
@@ -131,10 +132,11 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         block: "llama" (Llama, Mistral, Qwen2), "gemma" (Llama's, its norms multiplying in float32), "qwen3" (Llama's
             with a norm on each head's query and key), "gemma2" (Llama's with a norm after attention and after the
             MLP, softcapped eager scores), "gemma3" (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's
-            with fused linears, o_proj reading a copy of the attention's output), "olmo2" (OLMo 2 and 3: norms after
-            each sublayer and on the whole query and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on
-            each head's query and key), "cohere" (one LayerNorm feeding attention and the MLP in parallel), "cohere_qk"
-            (Cohere's with a LayerNorm on each head's query and key) or "phi" (`architecture`).
+            with fused linears, o_proj reading a copy of the attention's output; GLM-4's), "glm4" (Phi-3's with Gemma
+            2's four norms: GLM-4-0414), "olmo2" (OLMo 2 and 3: norms after each sublayer and on the whole query and
+            key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each head's query and key), "cohere" (one
+            LayerNorm feeding attention and the MLP in parallel), "cohere_qk" (Cohere's with a LayerNorm on each head's
+            query and key) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -190,7 +192,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units["gated product (down)"] = i
         if (attention in EAGER or block in CONCATENATED_ROTARY) and "o_proj" in adapted and shared:
             units["attention output, contiguous (o_proj)"] = shape.q  # (else o_proj reads the output SDPA keeps)
-        if block in SANDWICH:  # Gemma 2 and 3 also norm the attention's and the MLP's outputs before each residual
+        if block in SANDWICH:  # Gemma 2 and 3 (GLM-4-0414) also norm the attention's and the MLP's outputs
             units["attention output (its norm)"] = units["MLP output (its norm)"] = h * norm
             units["norm scales"] = 4 * norm
         if block in QK_NORMS:  # a norm of each head's query and key before the rotary: their inputs and scales
@@ -229,7 +231,7 @@ def text_config(config: Any) -> Any:
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
-                 "cohere2": "cohere"}
+                 "cohere2": "cohere", "glm": "phi3", "glm4": "glm4"}
 
 
 def architecture(config: Any) -> dict[str, Any]:

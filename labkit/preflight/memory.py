@@ -6,14 +6,14 @@ architecture. The activation term counts, per decoder layer and per token, the t
 for the backward pass of the block's architecture (`labkit.preflight.activations.ARCHITECTURES`): a Llama-style
 block (Llama, Llama 3, Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm
 on each head's query and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped
-eager attention, Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's fused qkv_proj and
-gate_up_proj; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's one float32 LayerNorm feeding attention
-and the MLP in parallel), or Phi's (one LayerNorm, attention and a GELU MLP in parallel, partial rotary). Any other
-architecture is not modelled: the estimate says so (`modelled: false`, `note`) and stage 03 shows the measurement
-alone; the loss term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and
-on the CPU labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term
-is explained in the notebook of stage 03 and checked against a measurement there and in
-`bench/memory.py`.
+eager attention, Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's (and GLM-4's) fused
+gate_up_proj, GLM-4-0414's with Gemma 2's four norms; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's
+one float32 LayerNorm feeding attention and the MLP in parallel), or Phi's (one LayerNorm, attention and a GELU MLP
+in parallel, partial rotary). Any other architecture is not modelled: the estimate says so (`modelled: false`,
+`note`) and stage 03 shows the measurement alone; the loss term follows the loss implementation the trainer uses:
+TRL's chunked "fused" LM head on CUDA, and on the CPU labkit's head over the positions that carry a loss
+(`labkit.train.loss_head`). Each term is explained in the notebook of stage 03 and checked against a measurement
+there and in `bench/memory.py`.
 
 Preference trainers (train.trainer dpo/orpo) run the chosen and the rejected sequence of each pair in
 one forward, so a micro-batch of b pairs is 2b rows. DPO adds a reference forward without gradients

@@ -1,8 +1,8 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, Gemma 2, Gemma 3 (with a vision tower)
-and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer steps, the
-memory estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B, Mistral 7B,
-Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, …) are estimated on the meta device; an architecture the estimate does not
-model says so."""
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, GLM-4, Gemma 2, Gemma 3 (with a vision
+tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer
+steps, the memory estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B,
+Mistral 7B, Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, GLM-4-9B, …) are estimated on the meta device; an
+architecture the estimate does not model says so."""
 
 from __future__ import annotations
 
@@ -35,10 +35,11 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
-         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}}
-# LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj)
+         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}}
+# LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj; GLM-4: q k v o
+# gate_up_proj down_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
-                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7}
+                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6}
 
 
 def card_for(name: str) -> Card:
@@ -72,9 +73,10 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
     lora = 2 * 2 * LAYER_TENSORS[name]  # A and B, 2 layers
     assert update["expected"] == update["changed"] == lora + len(tokens)
     assert len(tokens) == (2 if name == "mistral" else 0)  # untied head: embedding rows and LM-head rows
-    if name == "phi3":  # the fused linears are what LoRA adapts and what the update moves
+    if name in {"phi3", "glm4"}:  # the fused linears are what LoRA adapts and what the update moves
         moved = {t["name"].split(".")[-4] for t in update["tensors"] if t["changed"]}  # …qkv_proj.lora_A.default.weight
-        assert moved == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}
+        assert moved == ({"qkv_proj"} if name == "phi3" else {"q_proj", "k_proj", "v_proj"}) | {
+            "o_proj", "gate_up_proj", "down_proj"}
     from transformers import AutoConfig
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
@@ -191,6 +193,27 @@ def test_cohere_shapes_on_meta() -> None:
     at = {n: estimate_step(r7b, card, n, padded=False)["activation_units_per_token_layer"] for n in (4095, 4096)}
     assert architecture(r7b)["block"] == "cohere" and "sliding-window mask" not in at[4095]
     assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 24 / 32)
+
+
+def test_glm_shapes_on_meta() -> None:
+    """GLM-4-9B-chat (`glm`: Phi-3's block, separate q/k/v with biases, the MLP's gate and up fused, half the head
+    rotated) and GLM-4-9B-0414 (`glm4`: the same with a norm after attention and after the MLP, as Gemma 2) are
+    modelled: the fused gate_up_proj reads the normed input, o_proj a copy of the attention's output (the partial
+    rotary concatenates), and GLM-4-0414 keeps four norms' inputs a layer."""
+    from transformers import Glm4Config, GlmConfig
+
+    card = card_for("glm4")
+    sizes = {"hidden_size": 4096, "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32,
+             "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 151552, "attention_bias": True}
+    for config, norms in ((GlmConfig(**sizes), 2), (Glm4Config(**sizes), 4)):
+        est = estimate_step(config, card, 512, padded=False)
+        units = est["activation_units_per_token_layer"]
+        assert est["modelled"] and set(est["adapted"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj",
+                                                           "down_proj"}
+        assert units["normed input (q/k/v)"] == units["normed input (gate/up)"] == 4096
+        assert units["attention output, contiguous (o_proj)"] == units["attention output"] == 4096
+        assert units["gate, SiLU, up"] == 3 * 13696 and units["keys, values"] == 2 * 2 * 128
+        assert units["norm scales"] == norms and ("MLP output (its norm)" in units) == (norms == 4)
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

@@ -4,10 +4,11 @@ Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's sh
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
 the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on each
-head's query and key; global layers without rotary) and a Cohere (attention and the MLP in parallel on one LayerNorm;
-Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), with LoRA on every linear layer,
-in float32, with and without padding, with sdpa and eager attention; and with full fine-tuning, where each trainable
-norm also keeps the values its weight multiplies; both also in bfloat16 under the CPU's autocast."""
+head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one LayerNorm;
+Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers) and a GLM-4 (Phi-3's fused MLP
+input and concatenated rotary; GLM-4-0414's four norms), with LoRA on every linear layer, in float32, with and
+without padding, with sdpa and eager attention; and with full fine-tuning, where each trainable norm also keeps the
+values its weight multiplies; both also in bfloat16 under the CPU's autocast."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "cohere2, window 32": lambda: transformers.Cohere2Config(**SIZES, **IDS, sliding_window=32),
            "cohere2, no rotary in layer 1": lambda: transformers.Cohere2Config(
                **SIZES, **IDS, sliding_window=32, layer_types=["sliding_attention", "full_attention"]),
+           # GLM-4: Phi-3's fused gate_up_proj and concatenated partial rotary with separate q/k/v (and biases);
+           # GLM-4-0414: the same with Gemma 2's four norms
+           "glm": lambda: transformers.GlmConfig(**SIZES, **IDS, head_dim=16),
+           "glm4": lambda: transformers.Glm4Config(**SIZES, **IDS, head_dim=16),
+           "glm4, head_dim 32": lambda: transformers.Glm4Config(**SIZES, **IDS, head_dim=32),
            "smollm3, no rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=2),
            "smollm3, rotary in layer 1": lambda: transformers.SmolLM3Config(**SIZES, **IDS, no_rope_layer_interval=4),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
