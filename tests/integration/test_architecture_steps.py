@@ -40,6 +40,9 @@ CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi
 # gate_up_proj down_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
                  "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6}
+# the linears the update moves where some are fused (Phi-3's q/k/v, Phi-3's and GLM-4's gate and up)
+FUSED = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
+         "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
 
 
 def card_for(name: str) -> Card:
@@ -73,10 +76,9 @@ def test_architecture_checks_train_and_generate(name, rows) -> None:
     lora = 2 * 2 * LAYER_TENSORS[name]  # A and B, 2 layers
     assert update["expected"] == update["changed"] == lora + len(tokens)
     assert len(tokens) == (2 if name == "mistral" else 0)  # untied head: embedding rows and LM-head rows
-    if name in {"phi3", "glm4"}:  # the fused linears are what LoRA adapts and what the update moves
+    if name in FUSED:  # the fused linears are what LoRA adapts and what the update moves
         moved = {t["name"].split(".")[-4] for t in update["tensors"] if t["changed"]}  # …qkv_proj.lora_A.default.weight
-        assert moved == ({"qkv_proj"} if name == "phi3" else {"q_proj", "k_proj", "v_proj"}) | {
-            "o_proj", "gate_up_proj", "down_proj"}
+        assert moved == FUSED[name]
     from transformers import AutoConfig
 
     est = estimate_step(AutoConfig.from_pretrained(resolved.location), card, 64)
@@ -171,7 +173,7 @@ def test_real_size_configs_on_meta() -> None:
 def test_cohere_shapes_on_meta() -> None:
     """Command R 35B (64 heads, as many KV heads), Command R+ 104B (a LayerNorm on each head's query and key) and
     Command R7B (Cohere 2: three of every four layers with a 4096-token window) are modelled: one LayerNorm's centred
-    input kept twice, its one output shared by attention and the MLP; the LM head's 256k vocabulary in the loss."""
+    input kept twice, its one output shared by attention and the MLP; the 256k vocabulary read from the config."""
     from transformers import Cohere2Config, CohereConfig
 
     card = card_for("cohere")
