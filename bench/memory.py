@@ -16,7 +16,9 @@ head's query and key, a 128-token window on 3 of every 4 layers, the fourth with
 block: one LayerNorm, partial rotary 0.5, a GELU MLP), cohere (Command R's parallel block: one LayerNorm written out in
 float32, a SwiGLU MLP), cohere2 (Cohere's block, a 128-token window on 3 of every 4 layers, the fourth without
 rotary), glm (GLM-4-9B-chat's: fused gate_up_proj, separate q/k/v with biases, half of each head rotated and
-concatenated) or glm4 (GLM-4-0414's: GLM's with a norm after attention and after the MLP).
+concatenated), glm4 (GLM-4-0414's: GLM's with a norm after attention and after the MLP), phi2 (phi with Phi-2's
+residual dropout 0.1) or seed_oss (Llama's block dropping the attention probabilities and each sublayer's output at
+0.1, Seed-OSS's defaults).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -46,7 +48,10 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "exaone4": ("Exaone4Config", {"sliding_window": 128}),
                   "phi": ("PhiConfig", {"partial_rotary_factor": 0.5}), "cohere": ("CohereConfig", {}),
                   "cohere2": ("Cohere2Config", {"sliding_window": 128}), "glm": ("GlmConfig", {}),
-                  "glm4": ("Glm4Config", {})}
+                  "glm4": ("Glm4Config", {}),
+                  # dropout in the model's config: Phi-2's residual dropout, Seed-OSS's residual and attention dropout
+                  "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5, "resid_pdrop": 0.1}),
+                  "seed_oss": ("SeedOssConfig", {})}
 
 
 def random_config(arch: str, tokenizer):

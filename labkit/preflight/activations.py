@@ -20,7 +20,13 @@ head's query and key (one statistic a head, as Qwen3). GLM-4 (`glm`: GLM-4-9B-ch
 query, key and value projections; GLM-4-0414 (`glm4`) adds Gemma 2's norms after attention and after the MLP. Cohere
 (Command R, Aya Expanse; Cohere 2: Command R7B and A) runs attention and the MLP in parallel on one LayerNorm's
 output, as Phi does, but its LayerNorm is written out in float32: it keeps the centred input twice and one statistic
-a token; Command R+ also LayerNorms each head's query and key (`use_qk_norm`).
+a token; Command R+ also LayerNorms each head's query and key (`use_qk_norm`). Seed-OSS is Llama's block.
+
+Dropout in the model's own config is counted where transformers applies it in training: on each sublayer's output
+before its residual (Phi-2's and Phi-3's `resid_pdrop`, Seed-OSS's `residual_dropout`: a mask each, 1 byte a value
+on CUDA, the scaled noise in the activations' dtype on the CPU) and on the attention probabilities
+(`attention_dropout`: eager attention keeps the dropped probabilities and the mask; CUDA's SDPA kernels drop inside
+the kernel and keep nothing more, while the CPU's SDPA runs its math path, which keeps what eager attention keeps).
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ from typing import Any
 from labkit.card.schema import Card
 from labkit.model.attention import FP32_SCORES
 
-EAGER = ("eager", FP32_SCORES)
+MATH = "math"  # the CPU's SDPA with attention dropout: its math path, which keeps what eager attention keeps
+EAGER = ("eager", FP32_SCORES, MATH)  # attentions that keep the probabilities (heads × sequence length a token)
 SANDWICH = {"gemma2", "gemma3", "glm4"}  # blocks with four norms a layer (GLM-4-0414's as Gemma 2's)
 QK_NORMS = {"qwen3", "gemma3", "exaone4", "cohere_qk"}  # blocks with a norm on each head's query and key
 POST_NORMS = {"olmo2", "exaone4"}  # blocks with no norm before a sublayer, each sublayer's output normed instead
@@ -64,8 +71,24 @@ def window_share(config: Any, seq_len: int) -> float:
     return sum(t == "sliding_attention" for t in types) / len(types)
 
 
+def kept_attention(shape: Any, attention: str, cuda: bool) -> str:
+    """The attention whose tensors a training step keeps: with attention dropout, the CPU's SDPA runs its math path,
+    which keeps what eager attention keeps (the probabilities, their dropped copy and the mask; in float32 under
+    autocast); CUDA's fused kernels drop inside the kernel, from a seed, and keep nothing more.
+
+    Args:
+        shape: the model widths (`attention_dropout`).
+        attention: the attn_implementation the model trains with.
+        cuda: the step runs on CUDA.
+    Returns:
+        MATH for the CPU's SDPA with attention dropout, else `attention`.
+    """
+    return MATH if attention == "sdpa" and shape.attention_dropout > 0 and not cuda else attention
+
+
 def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_bytes: int,
-                    float32: bool = False, masked: float = 0.0, softcapped: bool = False) -> dict[str, float]:
+                    float32: bool = False, masked: float = 0.0, softcapped: bool = False,
+                    cuda: bool = False, autocast: bool = False) -> dict[str, float]:
     """Values the attention of one layer keeps per token (in `act_bytes` units).
 
     Args:
@@ -78,10 +101,13 @@ def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_
         masked: without padding, the share of layers SDPA still gets a mask in (sliding-window layers at a sequence
             as long as the window: `window_share`).
         softcapped: eager attention caps its scores with a tanh (Gemma 2), which keeps its output.
+        cuda: the step runs on CUDA (`kept_attention`; the attention dropout's mask is 1 byte a value there).
+        autocast: 16-bit activations under autocast (the CPU's SDPA math path then computes in float32).
     Returns:
         {tensor: values per token per layer}.
     """
     q, a, kv = shape.q, shape.heads, shape.kv  # queries and the attention output are heads × head_dim wide
+    attention = kept_attention(shape, attention, cuda)
     if attention not in EAGER:
         mask = 1.0 if padded else masked  # with a mask, SDPA gets the GQA heads repeated
         units = {"query after rotary": q, "attention output": q, "attention log-sum-exp": a,
@@ -90,19 +116,26 @@ def attention_units(shape: Any, attention: str, seq_len: int, padded: bool, act_
             units["padding mask" if padded else "sliding-window mask"] = seq_len * mask
         return units
     fp32 = 4 / act_bytes
-    units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": q}
+    upcast = fp32 if attention == MATH and autocast else 1  # the math path's queries, keys, values and probabilities
+    units = {"attention softmax (float32)": a * seq_len * fp32, "values (heads repeated)": q * upcast}
     if softcapped:
         units["softcapped scores (tanh)"] = a * seq_len  # in the scores' dtype (labkit's float32 eager is Phi's)
-    if not float32:  # cast to the values' dtype for the product with the values: a second copy
+    if shape.attention_dropout > 0:
+        # the product with the values keeps the dropped probabilities (in place of the cast copy), the dropout its
+        # mask: the scaled noise in the probabilities' dtype on the CPU, 1 byte a value on CUDA
+        kept = fp32 if float32 else upcast
+        units["attention probabilities, dropped"] = a * seq_len * kept
+        units["attention dropout mask"] = a * seq_len * (1 / act_bytes if cuda else kept)
+    elif not float32:  # cast to the values' dtype for the product with the values: a second copy
         units["attention probabilities"] = a * seq_len
     if attention == FP32_SCORES:
         units["queries, keys (float32 copies)"] = 2 * q * fp32
     else:
-        units["queries, keys"] = 2 * q
+        units["queries, keys"] = 2 * q * upcast
     return units
 
 
-def eager_transient_bytes(shape: Any, attention: str, rows: int, seq_len: int) -> float:
+def eager_transient_bytes(shape: Any, attention: str, rows: int, seq_len: int, cuda: bool = False) -> float:
     """The float32 score tensors eager attention builds and frees within one layer (the scores and, in the backward,
     their gradient): what the peak adds on top of the kept activations; 0 for fused kernels.
 
@@ -111,10 +144,11 @@ def eager_transient_bytes(shape: Any, attention: str, rows: int, seq_len: int) -
         attention: the attn_implementation.
         rows: rows in the micro-batch.
         seq_len: tokens per row.
+        cuda: the step runs on CUDA (`kept_attention`).
     Returns:
         bytes.
     """
-    return 2 * 4 * rows * shape.heads * seq_len * seq_len if attention in EAGER else 0.0
+    return 2 * 4 * rows * shape.heads * seq_len * seq_len if kept_attention(shape, attention, cuda) in EAGER else 0.0
 
 
 def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: int, padded: bool = True,
@@ -149,6 +183,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         {tensor: values per token per layer}.
     """
     h, i = shape.hidden, shape.intermediate
+    attention = kept_attention(shape, attention, cuda)
     adapted = set(params["adapted"])
     method = card.method
     lora = method.kind in {"lora", "qlora"}
@@ -199,7 +234,10 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             # (Cohere's LayerNorm keeps them centred, twice)
             units["query, key before their norms"] = (shape.q + shape.kv) * norm * (2 if block in PARALLEL else 1)
             units["query, key norm scales"] = (shape.heads + shape.kv_heads) * norm
-    units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32, masked, block == "gemma2"))
+    units.update(attention_units(shape, attention, seq_len, padded, act_bytes, float32, masked, block == "gemma2", cuda,
+                                 autocast))
+    if shape.residual_dropout > 0:  # each sublayer's output dropped before its residual: a mask each, as LoRA's
+        units["residual dropout masks"] = 2 * h * (1 / act_bytes if cuda else 1)
     if params["norms_trainable"]:
         # each trainable norm weight keeps the normalised values it multiplies, for its gradient: the layer's two norms
         # (four in a sandwich, Cohere's one) and the query and key norms; Phi's LayerNorm derives its weights' gradients
@@ -231,7 +269,7 @@ def text_config(config: Any) -> Any:
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
-                 "cohere2": "cohere", "glm": "phi3", "glm4": "glm4"}
+                 "cohere2": "cohere", "glm": "phi3", "glm4": "glm4", "seed_oss": "llama"}
 
 
 def architecture(config: Any) -> dict[str, Any]:

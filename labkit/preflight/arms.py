@@ -152,7 +152,8 @@ class StepRecord(TrainerCallback):
 
 @contextmanager
 def no_dropout(model: Any) -> Iterator[int]:
-    """Dropout off inside the block (every dropout module's p and float `attention_dropout` set to 0), restored after.
+    """Dropout off inside the block, restored after: every dropout module's p, and every float dropout setting a module
+    applies itself with `nn.functional.dropout` (`attention_dropout`; Seed-OSS's `residual_dropout`; a `*_pdrop`).
 
     Yields:
         how many dropout settings were non-zero (and are off inside the block).
@@ -161,8 +162,9 @@ def no_dropout(model: Any) -> Iterator[int]:
     for module in model.modules():
         if isinstance(module, torch.nn.modules.dropout._DropoutNd):
             saved.append((module, "p", module.p))
-        elif isinstance(getattr(module, "attention_dropout", None), float):
-            saved.append((module, "attention_dropout", module.attention_dropout))
+        else:
+            saved += [(module, name, value) for name, value in vars(module).items()
+                      if isinstance(value, float) and ("dropout" in name or name.endswith("pdrop"))]
     for module, name, _ in saved:
         setattr(module, name, 0.0)
     try:

@@ -6,14 +6,14 @@ architecture. The activation term counts, per decoder layer and per token, the t
 for the backward pass of the block's architecture (`labkit.preflight.activations.ARCHITECTURES`): a Llama-style
 block (Llama, Llama 3, Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm
 on each head's query and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped
-eager attention, Gemma 3's query and key norms; SmolLM3 and Granite as Llama's; Phi-3's (and GLM-4's) fused
+eager attention, Gemma 3's query and key norms; SmolLM3, Granite and Seed-OSS as Llama's; Phi-3's (and GLM-4's) fused
 gate_up_proj, GLM-4-0414's with Gemma 2's four norms; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's
 one float32 LayerNorm feeding attention and the MLP in parallel), or Phi's (one LayerNorm, attention and a GELU MLP
-in parallel, partial rotary). Any other architecture is not modelled: the estimate says so (`modelled: false`,
-`note`) and stage 03 shows the measurement alone; the loss term follows the loss implementation the trainer uses:
-TRL's chunked "fused" LM head on CUDA, and on the CPU labkit's head over the positions that carry a loss
-(`labkit.train.loss_head`). Each term is explained in the notebook of stage 03 and checked against a measurement
-there and in `bench/memory.py`.
+in parallel, partial rotary), with the dropout the config sets (a mask per dropped tensor). Any other architecture
+is not modelled: the estimate says so (`modelled: false`, `note`) and stage 03 shows the measurement alone; the
+loss term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and on the CPU
+labkit's head over the positions that carry a loss (`labkit.train.loss_head`). Each term is explained in the
+notebook of stage 03 and checked against a measurement there and in `bench/memory.py`.
 
 Preference trainers (train.trainer dpo/orpo) run the chosen and the rejected sequence of each pair in
 one forward, so a micro-batch of b pairs is 2b rows. DPO adds a reference forward without gradients
@@ -61,6 +61,8 @@ class Shape:
     kv_heads: int
     head_dim: int
     vocab: int
+    attention_dropout: float = 0.0  # dropout on the attention probabilities in training (Seed-OSS: 0.1)
+    residual_dropout: float = 0.0  # dropout on each sublayer's output before its residual (Phi-2, Seed-OSS: 0.1)
 
     @property
     def kv(self) -> int:
@@ -86,7 +88,9 @@ def shape_of(config: Any) -> Shape:
     heads = c.num_attention_heads
     return Shape(layers=c.num_hidden_layers, hidden=c.hidden_size, intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
                  heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
-                 head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab=c.vocab_size)
+                 head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab=c.vocab_size,
+                 attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
+                 residual_dropout=float(getattr(c, "resid_pdrop", 0.0) or getattr(c, "residual_dropout", 0.0) or 0.0))
 
 
 def meta_model(config: Any, card: Card) -> Any:
@@ -231,7 +235,7 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
                                  float32, autocast=autocast and act_bytes == 2, cuda=kind == "cuda",
                                  masked=window_share(text, seq_len))
     layer_bytes = sum(per_layer.values()) * act_bytes * tokens
-    transient = eager_transient_bytes(shape, attention, rows, seq_len)
+    transient = eager_transient_bytes(shape, attention, rows, seq_len, cuda=kind == "cuda")
     # with checkpointing each layer keeps only its input; in the backward one layer at a time is recomputed
     saved_plain, saved_ckpt = shape.layers * layer_bytes, shape.layers * shape.hidden * act_bytes * tokens
     saved = saved_ckpt if ckpt else saved_plain

@@ -26,6 +26,7 @@ from labkit.preflight.activations import architecture
 from labkit.preflight.memory import estimate_step
 from labkit.preflight.stepchecks import update_check
 from labkit.preflight.memory_check import compare
+from labkit.preflight.sizing import gpu_profile
 from labkit.show.memory import breakdown_rows
 from labkit.stages.preprocessing import model_checks
 from labkit.train.trainer import build_trainer
@@ -35,11 +36,11 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
-         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}}
+         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}, "seed-oss": {}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj; GLM-4: q k v o
 # gate_up_proj down_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
-                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6}
+                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6, "seed-oss": 7}
 # the linears the update moves where some are fused (Phi-3's q/k/v, Phi-3's and GLM-4's gate and up)
 FUSED = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
          "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
@@ -195,6 +196,32 @@ def test_cohere_shapes_on_meta() -> None:
     at = {n: estimate_step(r7b, card, n, padded=False)["activation_units_per_token_layer"] for n in (4095, 4096)}
     assert architecture(r7b)["block"] == "cohere" and "sliding-window mask" not in at[4095]
     assert at[4096]["sliding-window mask"] == pytest.approx(4096 * 24 / 32)
+
+
+def test_model_dropout_on_meta() -> None:
+    """Seed-OSS-36B (`seed_oss`: Llama's block, its config dropping the attention probabilities and each sublayer's
+    output at 0.1 in training) and Phi-2 (`resid_pdrop` 0.1) are estimated with their dropout: on a GPU, bf16, each
+    sublayer's output keeps a 1-byte mask and SDPA drops inside its kernel (nothing more kept); on the CPU, float32,
+    the mask is the noise in the activations' dtype and SDPA runs its math path, which keeps the probabilities, their
+    dropped copy and the noise (heads × sequence length a token each) as eager attention does."""
+    from transformers import PhiConfig, SeedOssConfig
+
+    gpu = gpu_profile(80, "9.0")
+    bf16 = updated(card_for("llama3"), {"model.dtype": "bfloat16", "train.precision": "bf16"})
+    seed = SeedOssConfig(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=80,
+                         num_key_value_heads=8, head_dim=128, vocab_size=155136)
+    est = estimate_step(seed, bf16, 1024, device=gpu, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and architecture(seed)["block"] == "llama"
+    assert units["residual dropout masks"] == 5120 and units["attention log-sum-exp"] == 80  # 2 × 5120 bytes
+    assert not {"attention dropout mask", "attention probabilities, dropped"} & set(units)
+    units = estimate_step(seed, card_for("llama3"), 1024, padded=False)["activation_units_per_token_layer"]
+    assert units["residual dropout masks"] == 2 * 5120 and "attention log-sum-exp" not in units
+    assert units["attention dropout mask"] == units["attention probabilities, dropped"] == 80 * 1024
+    phi2 = PhiConfig(hidden_size=2560, intermediate_size=10240, num_hidden_layers=32, num_attention_heads=32,
+                     vocab_size=51200, partial_rotary_factor=0.4, resid_pdrop=0.1)
+    units = estimate_step(phi2, bf16, 1024, device=gpu, padded=False)["activation_units_per_token_layer"]
+    assert units["residual dropout masks"] == 2560 and "attention dropout mask" not in units
 
 
 def test_glm_shapes_on_meta() -> None:

@@ -1,11 +1,12 @@
 """Tiny random Llama 3, Mistral, Qwen2, Phi, Gemma 2, Gemma 3 (with a vision tower, as 4B and up ship), Qwen3, EXAONE 4,
-Cohere and Qwen3-MoE (a mixture of experts) models, built offline, through all five stages with `labkit run`.
+Cohere, Seed-OSS and Qwen3-MoE (a mixture of experts) models, built offline, through all five stages with `labkit run`.
 
 Each card is params/smoke.yaml on another architecture and prompt format, cut to a few steps: Phi (no chat template)
 with `format: plain`, Mistral (no chat template, no ChatML tokens) with `chat_template: chatml`, Llama 3 and Qwen2 with
 their own template (Gemma 2's system text in the user message: its template has no system role; Gemma 3's template
 puts it there itself; Qwen3 with `enable_thinking: false`; EXAONE 4's closes each turn with its EOS and a newline;
-Cohere's writes the BOS its tokenizer adds too and closes each turn with its EOS; slow-marked: `make test-slow`).
+Cohere's writes the BOS its tokenizer adds too and closes each turn with its EOS; Seed-OSS trains with its config's
+dropout; slow-marked: `make test-slow`).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ CASES = {
     "qwen3moe": {"chat_template": "model", "chat_template_kwargs": {"enable_thinking": False}},
     "exaone4": {"chat_template": "model"},
     "cohere": {"chat_template": "model"},
+    "seed-oss": {"chat_template": "model"},  # dropout on in training, applied by the model's forward itself
 }
 MODEL_TYPE = {"llama3": "llama", "qwen2": "qwen2", "mistral": "mistral", "phi": "phi", "gemma2": "gemma2",
               "gemma3": "gemma3_text", "qwen3": "qwen3", "qwen3moe": "qwen3_moe",
-              "exaone4": "exaone4", "cohere": "cohere"}
+              "exaone4": "exaone4", "cohere": "cohere", "seed-oss": "seed_oss"}
 UNMODELLED = {"qwen3moe"}  # the estimate does not model a mixture of experts: stage 03 shows the measurement alone
 
 
@@ -49,11 +51,11 @@ def _card(name: str, folder: Path) -> Path:
     return path
 
 
-# Phi (plain) and Mistral (chatml) run in every suite; Llama 3, Qwen2, Gemma 2, Gemma 3, Qwen3, EXAONE 4 and Cohere
-# (their own template) are slow-marked here, and tests/integration/test_architecture_steps.py carries them through the
-# same steps in one process
+# Phi (plain) and Mistral (chatml) run in every suite; Llama 3, Qwen2, Gemma 2, Gemma 3, Qwen3, EXAONE 4, Cohere and
+# Seed-OSS (their own template) are slow-marked here, and tests/integration/test_architecture_steps.py carries them
+# through the same steps in one process
 PARAMS = [pytest.param(name, marks=[pytest.mark.slow] if name in {"llama3", "qwen2", "gemma2", "gemma3", "qwen3",
-                                                                   "qwen3moe", "exaone4", "cohere"}
+                                                                   "qwen3moe", "exaone4", "cohere", "seed-oss"}
                           else [])
           for name in sorted(CASES)]
 
@@ -88,6 +90,9 @@ def test_architecture_through_five_stages(arch_run: tuple[str, Path]) -> None:
     # the update check passed, and the estimate models this architecture
     update = _read(run, "parameter_check", "update_check.json")
     assert update["ok"], update["problems"]
+    # the accumulation arms agree (dropout off in both: Seed-OSS's too, which its forward applies itself)
+    accumulation = _read(run, "parameter_check", "accumulation_check.json")
+    assert accumulation["ok"], accumulation
     memory = _read(run, "parameter_check", "memory.json")
     modelled = name not in UNMODELLED
     assert all(e["modelled"] == modelled and e["architecture"] == MODEL_TYPE[name] for e in memory["estimates"])

@@ -14,6 +14,7 @@ from labkit.card.update import updated
 from labkit.card.schema import Full, Lora, Qlora
 from labkit.model.loading import load_model, load_tokenizer
 from labkit.model.method import apply_method
+from labkit.model.sources import resolve
 from labkit.preflight.arms import no_dropout
 from labkit.preflight.comparisons import CPU_RESOLUTION_BYTES
 from labkit.preflight.stepchecks import (
@@ -115,6 +116,24 @@ def test_accumulation_and_checkpointing_agree_with_lora_dropout(card, tiny_model
     assert result["ok"] and result["relative_difference"] < 1e-5, result
     ckpt = checkpointing_check(card, _factory(card, tiny_model), tokenizer, rows, seq_len=64, config=model.config)
     assert ckpt["ok"] and ckpt["relative_difference"] < 1e-5, ckpt
+
+
+def test_accumulation_agrees_with_a_models_own_dropout(card, rows) -> None:
+    """Seed-OSS drops the attention probabilities and each sublayer's output in its forward (`residual_dropout`,
+    `attention_dropout`: floats, no dropout modules): the arms turn those off too, or their masks differ (a relative
+    difference of ~0.2 with the residual dropout left on)."""
+    card = updated(card, {"model.source": "tiny:seed-oss"})
+    source = resolve(card.model.source)
+    model = _factory(card, source)()
+    settings = {(name, value) for m in model.modules() for name, value in vars(m).items() if name.endswith("dropout")}
+    assert settings == {("residual_dropout", 0.1), ("attention_dropout", 0.1)}
+    with no_dropout(model) as off:
+        assert off == 2 * 3  # per layer: the attention's residual and attention_dropout, the MLP's residual
+        assert all(value == 0.0 for m in model.modules() for name, value in vars(m).items() if name.endswith("dropout"))
+    assert {(n, v) for m in model.modules() for n, v in vars(m).items() if n.endswith("dropout")} == settings
+    result = accumulation_check(card, _factory(card, source), load_tokenizer(source, card), rows, micro_batch=2,
+                                accum=3)
+    assert result["ok"] and result["relative_difference"] < 1e-5, result
 
 
 def test_qlora_accumulation_on_cpu_passes_at_the_16_bit_tolerance(card, tiny_model, rows) -> None:
