@@ -163,14 +163,14 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         params: from `parameter_bytes` (which linears carry adapters or train fully).
         seq_len: sequence length (the padding mask costs one value per key position).
         padded: whether batches carry padding (dynamic padding almost always does).
-        block: "llama" (Llama, Mistral, Qwen2), "gemma" (Llama's, its norms multiplying in float32), "qwen3" (Llama's
-            with a norm on each head's query and key), "gemma2" (Llama's with a norm after attention and after the
-            MLP, softcapped eager scores), "gemma3" (Gemma 2's norms and Qwen3's query and key norms), "phi3" (Llama's
-            with fused linears, o_proj reading a copy of the attention's output; GLM-4's), "glm4" (Phi-3's with Gemma
-            2's four norms: GLM-4-0414), "olmo2" (OLMo 2 and 3: norms after each sublayer and on the whole query and
-            key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each head's query and key), "cohere" (one
-            LayerNorm feeding attention and the MLP in parallel), "cohere_qk" (Cohere's with a LayerNorm on each head's
-            query and key) or "phi" (`architecture`).
+        block: "llama" (Llama, Mistral, Qwen2), "gemma" (Llama's, its norms multiplying in float32: Gemma, Helium),
+            "qwen3" (Llama's with a norm on each head's query and key: Qwen3, HunYuan dense), "gemma2" (Llama's with a
+            norm after attention and after the MLP, softcapped eager scores), "gemma3" (Gemma 2's norms and Qwen3's
+            query and key norms), "phi3" (Llama's with fused linears, o_proj reading a copy of the attention's output;
+            GLM-4's), "glm4" (Phi-3's with Gemma 2's four norms: GLM-4-0414), "olmo2" (OLMo 2 and 3: norms after each
+            sublayer and on the whole query and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each
+            head's query and key), "cohere" (one LayerNorm feeding attention and the MLP in parallel), "cohere_qk"
+            (Cohere's with a LayerNorm on each head's query and key) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -269,7 +269,8 @@ def text_config(config: Any) -> Any:
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3": "qwen3", "phi": "phi",
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
-                 "cohere2": "cohere", "glm": "phi3", "glm4": "glm4", "seed_oss": "llama"}
+                 "cohere2": "cohere", "glm": "phi3", "glm4": "glm4", "seed_oss": "llama", "ministral3": "llama",
+                 "helium": "gemma", "hunyuan_v1_dense": "qwen3"}
 
 
 def architecture(config: Any) -> dict[str, Any]:

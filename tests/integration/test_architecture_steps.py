@@ -245,6 +245,35 @@ def test_glm_shapes_on_meta() -> None:
         assert units["norm scales"] == norms and ("MLP output (its norm)" in units) == (norms == 4)
 
 
+def test_ministral3_hunyuan_and_helium_shapes_on_meta() -> None:
+    """Ministral 3 8B's text decoder (`ministral3`: Llama's block), a HunYuan dense of 7B's width
+    (`hunyuan_v1_dense`: Qwen3's norm on each head's query and key) and Helium 1 2B (`helium`: Llama's block whose
+    RMSNorms multiply their weight in float32, as Gemma's) are modelled with their blocks' terms."""
+    from transformers import HeliumConfig, HunYuanDenseV1Config, LlamaConfig, Ministral3Config
+
+    card = card_for("llama3")
+    wide = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128}
+    ministral3 = Ministral3Config(**wide, num_hidden_layers=34, vocab_size=131072)
+    hunyuan = HunYuanDenseV1Config(**wide, num_hidden_layers=32, vocab_size=128167)
+    assert (architecture(ministral3)["block"], architecture(hunyuan)["block"]) == ("llama", "qwen3")
+    units = estimate_step(ministral3, card, 512, padded=False)["activation_units_per_token_layer"]
+    assert units["keys, values"] == 2 * 8 * 128 and "query, key before their norms" not in units
+    est = estimate_step(hunyuan, card, 512, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and est["shape"]["vocab"] == 128167
+    assert units["query, key before their norms"] == (32 + 8) * 128 and units["query, key norm scales"] == 32 + 8
+    # full fine-tuning in bf16 on a GPU: Helium's norms keep their normalised values in float32, Llama's in bf16
+    full = updated(card, {"model.dtype": "bfloat16", "train.precision": "bf16", "method": {"kind": "full"}})
+    sizes = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 64000}
+    helium, llama = (estimate_step(c, full, 1024, device=gpu_profile(80, "9.0"), padded=False)
+                     for c in (HeliumConfig(**sizes), LlamaConfig(**sizes)))
+    assert helium["modelled"] and architecture(HeliumConfig(**sizes))["block"] == "gemma"
+    key = "normalised, before the norm weight"
+    assert helium["activation_units_per_token_layer"][key] == 2 * llama["activation_units_per_token_layer"][key]
+
+
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:
     from transformers import GPT2Config
 

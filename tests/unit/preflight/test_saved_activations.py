@@ -3,13 +3,14 @@ for the backward (torch's saved-tensor hooks, each storage counted once, paramet
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
-the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on each
-head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one LayerNorm;
-Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), a GLM-4 (Phi-3's fused MLP
-input and concatenated rotary; GLM-4-0414's four norms) and models that drop in training (a Llama with attention
-dropout, Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), with LoRA on every linear layer, in float32,
-with and without padding, with sdpa and eager attention; and with full fine-tuning, where each trainable norm also
-keeps the values its weight multiplies; both also in bfloat16 under the CPU's autocast."""
+the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on
+each head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one
+LayerNorm; Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), a GLM-4 (Phi-3's
+fused MLP input and concatenated rotary; GLM-4-0414's four norms) and models that drop in training (a Llama with
+attention dropout, Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), a Ministral 3, a HunYuan dense and a
+Helium, with LoRA on every linear layer, in float32, with and without padding, with sdpa and eager attention; and
+with full fine-tuning, where each trainable norm also keeps the values its weight multiplies; both also in bfloat16
+under the CPU's autocast."""
 
 from __future__ import annotations
 
@@ -72,6 +73,12 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
                                                                    partial_rotary_factor=0.5, resid_pdrop=0.1),
            "phi3, residual dropout": lambda: transformers.Phi3Config(**SIZES, **IDS, resid_pdrop=0.1),
            "seed_oss": lambda: transformers.SeedOssConfig(**SIZES, **IDS, head_dim=32),
+           # Ministral 3 (Llama's block, the query scaled by position past the rotary's original length), HunYuan
+           # dense (Qwen3's norms on each head's query and key, applied after the rotary), Helium (Llama's block, its
+           # RMSNorms multiplying their weight in float32 as Gemma's do)
+           "ministral3, head_dim 32": lambda: transformers.Ministral3Config(**SIZES, **IDS, head_dim=32),
+           "hunyuan_v1_dense, head_dim 32": lambda: transformers.HunYuanDenseV1Config(**SIZES, **IDS, head_dim=32),
+           "helium": lambda: transformers.HeliumConfig(**SIZES, **IDS, head_dim=16),  # its o_proj reads hidden_size
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
                                                          residual_multiplier=0.22, attention_multiplier=0.015625)}
 ROWS, SEQ = 2, 64
