@@ -20,7 +20,7 @@ from labkit.card.shipped import init_folder, shipped
 from labkit.core import io, listing
 from labkit.core import runs as R
 from labkit.core.registry import lost_events_note
-from labkit.errors import LabkitError, MissingInput, UsageError
+from labkit.errors import CardError, LabkitError, MethodError, MissingInput, ModelSourceError, UsageError
 
 # The command line is where imports are late: each command imports its implementation (torch, transformers, papermill,
 # matplotlib… behind it) inside its function, so `labkit --help`, `labkit runs` and `labkit check` load none of them
@@ -279,8 +279,11 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     memory = named.memory_gib if named else args.gpu_memory
     capability = args.capability or (named.capability if named else "8.0")
     layout = layout_of(card, args.processes, args.machines, args.strategy)
-    got = estimate_layout(card, loaded.path, memory, capability, args.seq_len, args.config, layout,
-                          name=named.name if named else None)
+    try:
+        got = estimate_layout(card, loaded.path, memory, capability, args.seq_len, args.config, layout,
+                              name=named.name if named else None)
+    except (CardError, MethodError, ModelSourceError) as exc:  # a key of the card: its file and line in front
+        raise type(exc)(locate(str(exc), loaded)) from None
     est, verdict, made = got["estimate"], got["verdict"], got["decisions"]
     print(f"card: {args.card} ({card.method.kind}, {card.model.source})")
     print(f"device: {got['device']}: weights {made['weight_dtype']}, precision {made['precision']}"

@@ -18,6 +18,7 @@ from accelerate import init_empty_weights
 from jinja2.exceptions import TemplateError
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 from transformers.integrations import is_deepspeed_zero3_enabled, is_fsdp_enabled
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from labkit.card.experiment_and_data import Prompt
 from labkit.card.schema import Card
@@ -259,6 +260,26 @@ def model_decisions(resolved: ResolvedModel, card: Card, device: str | None = No
     for note in adjusted.notes[len(made.notes):]:
         print(f"note: {note}")
     return adjusted
+
+
+def causal_lm_refusal(config: Any) -> str | None:
+    """Why transformers cannot build `config`'s model as a causal LM (`AutoModelForCausalLM`), or None when it can.
+
+    Args:
+        config: the base model's transformers config.
+    Returns:
+        None, or one clause naming the model type and the fix: a vision-language checkpoint (Mistral Small 3.1,
+        Ministral 3: `mistral3`) whose text decoder is a causal LM is told to use a text-only copy of that decoder.
+    """
+    own = getattr(config, "auto_map", None) or {}  # the repository's own classes (model.trust_remote_code decides)
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in own:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    why = (f"its config is {config.model_type} ({type(config).__name__}), which transformers does not load as a causal "
+           "LM (AutoModelForCausalLM)")
+    if text is not config and type(text) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return why + f"; its text decoder ({text.model_type}) is one: point model.source at a text-only copy of it"
+    return why + ": point model.source at a decoder-only language model"
 
 
 def sharded_loading() -> str | None:

@@ -32,7 +32,8 @@ from transformers import AutoModelForCausalLM
 
 from labkit.card.schema import OPTIMIZERS, Card
 from labkit.core.device import DeviceProfile, device_kind
-from labkit.model.loading import decisions, pick_dtype
+from labkit.errors import ModelSourceError
+from labkit.model.loading import causal_lm_refusal, decisions, pick_dtype
 from labkit.model.method import apply_method, towers
 from labkit.model.placement import decide, for_architecture
 from labkit.preflight.activations import activation_units, architecture, eager_transient_bytes, text_config
@@ -101,7 +102,12 @@ def meta_model(config: Any, card: Card) -> Any:
         card: the card (method, trust_remote_code).
     Returns:
         the (PEFT-wrapped for lora/qlora) model whose parameters live on `meta`.
+    Raises:
+        ModelSourceError: a config transformers cannot build as a causal LM (`causal_lm_refusal`).
     """
+    refusal = causal_lm_refusal(config)
+    if refusal:
+        raise ModelSourceError(f"model.source {card.model.source}: {refusal}")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=card.model.trust_remote_code)
     return apply_method(model, card, meta=True)

@@ -198,7 +198,8 @@ def check_method(loaded: LoadedCard) -> MethodCheck | None:
     """The card's method applied to its model's config on the meta device (no weights, no download): a target that
     matches nothing, a module to save that does not exist or a setting PEFT refuses on this model stops a run before
     stage 01 spends anything, in one line naming the key's file and line; so does a precision or attention this
-    machine cannot train the architecture in (`labkit.model.placement.for_architecture`: Gemma 3 in float16 on a T4).
+    machine cannot train the architecture in (`labkit.model.placement.for_architecture`: Gemma 3 in float16 on a T4),
+    and a model transformers does not load as a causal LM (a vision-language checkpoint such as Mistral Small 3.1).
 
     Args:
         loaded: the loaded card.
@@ -209,6 +210,7 @@ def check_method(loaded: LoadedCard) -> MethodCheck | None:
     Raises:
         MethodError: the method does not apply (`labkit.model.method.apply_method`'s message, prefixed by `file:line`).
         CardError: the decisions for this machine and architecture refuse a key (its message, prefixed alike).
+        ModelSourceError: the model is no causal LM (`labkit.model.loading.causal_lm_refusal`, prefixed alike).
     """
     card = loaded.card
     converted = converted_before(card.model.source)
@@ -222,7 +224,7 @@ def check_method(loaded: LoadedCard) -> MethodCheck | None:
     try:
         model = meta_model(config, card)
         for_architecture(decisions(card), card, getattr(config, "model_type", None))
-    except (MethodError, CardError) as exc:  # each message opens with its key: "method.target_modules ['x']: …"
+    except (MethodError, CardError, ModelSourceError) as exc:  # each opens with its key: "model.source x: …"
         key = str(exc).split(":", 1)[0].split(" ", 1)[0]
         raise type(exc)(f"{loaded.where(key)}: {exc}") from None
     params = parameter_bytes(model, card, 2)  # (the bytes are not used: counts and names only)

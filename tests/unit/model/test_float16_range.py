@@ -59,8 +59,9 @@ def test_bf16_fp32_and_the_cpu_pass_and_float16_named_on_any_device_is_refused()
 def test_labkit_estimate_refuses_gemma3_on_a_t4_and_sizes_it_in_float32(tmp_path: Path, capsys) -> None:
     assert main(["estimate", str(GEMMA3), "--gpu", "T4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("labkit: error: train.precision: auto (fp16 here), model.dtype: auto "
-                                                "(float16 here): gemma3_text overflows float16"), err
+    assert len(err) == 1 and re.match(rf"labkit: error: {re.escape(str(GEMMA3))}:\d+: train\.precision: auto \(fp16 "
+                                      r"here\), model\.dtype: auto \(float16 here\): gemma3_text overflows float16",
+                                      err[0]), err  # at the card's line, as `labkit run` and `check --data` say it
     variant = tmp_path / "gemma3-qlora-fp32.yaml"
     variant.write_text(yaml.safe_dump({
         "parent": str(GEMMA3), "experiment": {"variant": "gemma3-4b-qlora-fp32"},
