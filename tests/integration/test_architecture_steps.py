@@ -265,11 +265,13 @@ def test_ministral3_hunyuan_and_helium_shapes_on_meta() -> None:
     assert units["query, key before their norms"] == (32 + 8) * 128 and units["query, key norm scales"] == 32 + 8
     # full fine-tuning in bf16 on a GPU: Helium's norms keep their normalised values in float32, Llama's in bf16
     full = updated(card, {"model.dtype": "bfloat16", "train.precision": "bf16", "method": {"kind": "full"}})
-    sizes = {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 64000}
+    helium = HeliumConfig()  # transformers' defaults: Helium 1 preview, 2B (2560 wide, 24 layers of 20 heads)
+    sizes = {k: getattr(helium, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                             "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
+    assert architecture(helium)["block"] == "gemma"
     helium, llama = (estimate_step(c, full, 1024, device=gpu_profile(80, "9.0"), padded=False)
-                     for c in (HeliumConfig(**sizes), LlamaConfig(**sizes)))
-    assert helium["modelled"] and architecture(HeliumConfig(**sizes))["block"] == "gemma"
+                     for c in (helium, LlamaConfig(**sizes)))
+    assert helium["modelled"]
     key = "normalised, before the norm weight"
     assert helium["activation_units_per_token_layer"][key] == 2 * llama["activation_units_per_token_layer"][key]
 

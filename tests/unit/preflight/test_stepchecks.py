@@ -125,12 +125,15 @@ def test_accumulation_agrees_with_a_models_own_dropout(card, rows) -> None:
     card = updated(card, {"model.source": "tiny:seed-oss"})
     source = resolve(card.model.source)
     model = _factory(card, source)()
-    settings = {(name, value) for m in model.modules() for name, value in vars(m).items() if name.endswith("dropout")}
-    assert settings == {("residual_dropout", 0.1), ("attention_dropout", 0.1)}
+    def settings() -> list[tuple[str, float]]:  # every float dropout setting a module holds, module by module
+        return [(name, value) for m in model.modules() for name, value in vars(m).items() if name.endswith("dropout")]
+
+    before = settings()
+    assert set(before) == {("residual_dropout", 0.1), ("attention_dropout", 0.1)}
     with no_dropout(model) as off:
         assert off == 2 * 3  # per layer: the attention's residual and attention_dropout, the MLP's residual
-        assert all(value == 0.0 for m in model.modules() for name, value in vars(m).items() if name.endswith("dropout"))
-    assert {(n, v) for m in model.modules() for n, v in vars(m).items() if n.endswith("dropout")} == settings
+        assert all(value == 0.0 for _, value in settings())
+    assert settings() == before
     result = accumulation_check(card, _factory(card, source), load_tokenizer(source, card), rows, micro_batch=2,
                                 accum=3)
     assert result["ok"] and result["relative_difference"] < 1e-5, result
