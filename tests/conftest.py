@@ -126,3 +126,34 @@ def card():
 def rows() -> list[dict]:
     """`smoke_rows()` once per module (a test module may define its own)."""
     return smoke_rows()
+
+
+def mistral3_card(tmp_path: Path) -> Path:
+    """A smoke card on a local Mistral 3 checkpoint (the format of Mistral Small 3.1 and Ministral 3: a vision tower
+    beside a `ministral3` text decoder; tiny:llama's tokenizer), which transformers has no causal-LM class for.
+    Model source line: 3. Returns the card's path; the checkpoint is `tmp_path / "mistral3"`."""
+    import shutil
+
+    import transformers
+
+    from labkit.model.sources import resolve
+
+    folder = tmp_path / "mistral3"
+    text = {"model_type": "ministral3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 600}
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 32, "patch_size": 16, "head_dim": 16}
+    config = transformers.Mistral3Config(text_config=text, vision_config=vision)
+    transformers.Mistral3ForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer = Path(resolve("tiny:llama").location)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tokenizer / name, folder)
+    card = tmp_path / "card.yaml"
+    card.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\nexperiment: {{variant: mistral3}}\n"
+                    f"model: {{source: '{folder}', dtype: float32}}\n")
+    return card
+
+
+MISTRAL3_REFUSAL = ("its config is mistral3 (Mistral3Config), which transformers does not load as a causal LM "
+                    "(AutoModelForCausalLM); its text decoder (ministral3) is one: point model.source at a text-only "
+                    "copy of it")

@@ -283,12 +283,11 @@ def load_all(paths: list[str], root: Callable[[LoadedCard], Path]) -> list[Loade
     Returns:
         the loaded cards.
     """
-    from labkit.preflight.sizing import check_method  # the model's config on the meta device: torch, a run's import
+    from labkit.preflight.sizing import check_before_run  # the model's config on the meta device: torch
 
     cards = [load_card(p) for p in paths]
     for loaded in cards:
-        check_card(loaded, root(loaded))
-        check_method(loaded)
+        check_before_run(loaded, root(loaded))
     return cards
 
 
@@ -301,6 +300,7 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
         the Run.
     """
     from labkit.core.environment import capture
+    from labkit.preflight.sizing import check_before_run
 
     if run_dir:
         run = R.Run(Path(run_dir).resolve())
@@ -313,11 +313,11 @@ def stage_into(loaded: LoadedCard, stage: str, run_dir: str | None, root: Path, 
             check_training_restart(run, restart_training)
         if status.get("status") == "running" and not is_dead(run.dir, status):
             raise RunStateError(f"{run_dir} is running (pid {status.get('pid')}); wait for it or stop it first")
-        check_card(loaded, root)
+        check_before_run(loaded, root)
         R.record(run, "resumed", status="running", from_stage=stage, pid=os.getpid())
         R.set_owner(run, os.getpid())
     else:
-        check_card(loaded, root)  # before anything is created
+        check_before_run(loaded, root)  # before anything is created
         run = R.new_run(loaded, root, mode="batch")
         io.write_json(run.dir / "env.json", capture())
     beating = start_heartbeat(run.dir)

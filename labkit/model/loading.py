@@ -249,6 +249,8 @@ def model_decisions(resolved: ResolvedModel, card: Card, device: str | None = No
         the decisions the model loads and trains with.
     Raises:
         CardError: an attention kernel the architecture cannot use at this precision.
+        ModelSourceError: transformers does not load the model as a causal LM (`causal_lm_refusal`: a vision-language
+            checkpoint), before its weights are read or downloaded.
     """
     made = decisions(card, device)
     try:
@@ -256,6 +258,9 @@ def model_decisions(resolved: ResolvedModel, card: Card, device: str | None = No
                                             **resolved.from_pretrained_kwargs())
     except Exception:  # noqa: BLE001 - from_pretrained reports an unloadable model with its cause
         return made
+    refusal = causal_lm_refusal(config)
+    if refusal is not None:
+        raise ModelSourceError(f"model.source {resolved.source}: {refusal}")
     adjusted = for_architecture(made, card, getattr(config, "model_type", None))
     for note in adjusted.notes[len(made.notes):]:
         print(f"note: {note}")

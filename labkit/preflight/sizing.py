@@ -29,6 +29,7 @@ from labkit.card.load import LoadedCard
 from labkit.card.schema import Card
 from labkit.core.device import DeviceProfile, on_cuda
 from labkit.errors import CardError, MethodError, ModelSourceError
+from labkit.model.card_check import check_card
 from labkit.model.loading import decisions
 from labkit.model.placement import decide, for_architecture
 from labkit.model.sources import converted_before, parse_source, resolve
@@ -231,6 +232,24 @@ def check_method(loaded: LoadedCard) -> MethodCheck | None:
     return MethodCheck(architecture=str(getattr(config, "model_type", "unknown")), kind=card.method.kind,
                        trainable=params["trainable"], parameters=sum(p.numel() for p in model.parameters()),
                        adapted=params["adapted"], experts_adapted=bool(params["experts"]["adapted"]))
+
+
+def check_before_run(loaded: LoadedCard, root: Path) -> dict[str, Any]:
+    """Every check a card passes before a run folder is made, alike for `labkit run`, `labkit stage` and a notebook
+    opened by hand that starts a run: `labkit.model.card_check.check_card` (the card alone), then `check_method` (the
+    method on the model's config, on the meta device: a method that does not apply or a model that is no causal LM).
+
+    Args:
+        loaded: the loaded card.
+        root: the runs root (the experiment's protocol).
+    Returns:
+        the protocol changes against the experiment's reference run (`check_card`'s).
+    Raises:
+        CardError, MethodError, ModelSourceError: one line naming the file, line, key and the fix.
+    """
+    changes = check_card(loaded, root)
+    check_method(loaded)
+    return changes
 
 
 def gpu_profile(memory_gib: float, capability: str = "8.0", count: int = 1, name: str | None = None) -> DeviceProfile:

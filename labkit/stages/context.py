@@ -36,7 +36,6 @@ from labkit.errors import MissingInput, UsageError
 from labkit.evaluate import length
 from labkit.evaluate.base_answers import base_model_answers
 from labkit.model.loading import load_model, load_tokenizer, pick_device
-from labkit.model.card_check import check_card
 from labkit.model.sources import ResolvedModel, resolve
 from labkit.core.allocator import release_promptly
 
@@ -270,7 +269,9 @@ def open_stage(name: str, card: str, run_dir: str = "") -> Stage:
     else:
         found, review = _default_run(name, loaded, root)
         if found is None:  # the checks `labkit run` makes, before anything is created
-            check_card(loaded, root)
+            from labkit.preflight.sizing import check_before_run  # the method on the meta device: peft
+
+            check_before_run(loaded, root)
             found = R.new_run(loaded, root, mode="interactive")
         run = found
     if review:

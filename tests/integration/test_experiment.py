@@ -13,6 +13,7 @@ import pytest
 import yaml
 from conftest import labkit
 
+from labkit.model.sources import resolve
 from labkit.scoring.bootstrap import (
     Columns,
     concentration,
@@ -118,18 +119,26 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
     assert refused.returncode == 2 and f"labkit: error: {no_such}:" in refused.stderr, refused.stderr
     assert "method.target_modules ['no_such_proj']" in refused.stderr
     assert not list((runs / "smoke").glob("no-such-modules-*")), "a method that cannot apply must create no run folder"
-    broken = labkit("stage", "parameter_check", str(no_such), runs=runs)  # a stage alone applies it: a failed run
-    assert broken.returncode == 2  # MethodError in stage 03: a card that cannot be used, found by a stage
+    alone = labkit("stage", "parameter_check", str(no_such), runs=runs)  # a stage alone checks it alike
+    assert alone.returncode == 2 and alone.stderr.strip().splitlines()[-1] == refused.stderr.strip().splitlines()[-1]
+    assert not list((runs / "smoke").glob("no-such-modules-*"))
+    weights = tmp_path / "broken-weights"  # a failure no check can see: weights that do not load (a failed run)
+    shutil.copytree(resolve("tiny:llama").location, weights)
+    (weights / "model.safetensors").write_bytes(b"\0" * 64)
+    broken_card = _variant(tmp_path, repo, "broken-weights", model__source=str(weights), model__dtype="float32",
+                           experiment__protocol_change="the same model from a local folder")
+    broken = labkit("run", str(broken_card), runs=runs)
+    assert broken.returncode != 0 and "model does not load" in broken.stderr, broken.stderr
 
     compared = labkit("compare", "smoke", "--resamples", "300", runs=runs)
     assert compared.returncode == 0, compared.stderr
     out = runs / "smoke" / "_report"
     comparison = json.loads((out / "comparison.json").read_text())
     by_variant = {r["variant"]: r for r in comparison["runs"]}
-    assert set(by_variant) == {"tiny-lora", "seed7", "no-such-modules"}
+    assert set(by_variant) == {"tiny-lora", "seed7", "broken-weights"}
     assert comparison["reference"] == reference
-    assert by_variant["no-such-modules"]["status"] == "failed"
-    assert "no_such_proj" in by_variant["no-such-modules"]["reason"]
+    assert by_variant["broken-weights"]["status"] == "failed"
+    assert "model does not load" in by_variant["broken-weights"]["reason"]
     assert by_variant["tiny-lora"]["comparable"] is True
     seed_row = by_variant["seed7"]
     assert seed_row["comparable"] is False and set(seed_row["protocol_changes"]) == {"train.seed"}
@@ -146,10 +155,9 @@ def test_three_variants_compared_with_failed_and_not_comparable_runs(smoke_run, 
         assert sum(row["paired"][k] for k in ("wins", "losses", "ties")) == row["intervals"]["n"]
 
     index = (out / "index.html").read_text()
-    for row in comparison["runs"]:  # each run's executed stages as pages (the failed one ran stage 03 alone)
+    for row in comparison["runs"]:  # each run's executed stages as pages (the failed one's stage 01 too)
         assert row["run_id"] in index
-        first = "03_parameter_check" if row["variant"] == "no-such-modules" else "01_baseline"
-        assert (out / "runs" / row["run_id"] / f"{first}.html").exists()
-    assert "Not comparable" in index and "checking how much the seed alone" in index and "no_such_proj" in index
+        assert (out / "runs" / row["run_id"] / "01_baseline.html").exists()
+    assert "Not comparable" in index and "checking how much the seed alone" in index and "model does not load" in index
     for image in ("loss_curves.png", "per_category_field_accuracy.png", "per_category_f1.png", "confusion_matrices.png"):
         assert (out / image).stat().st_size > 5000 and f'src="{image}"' in index

@@ -27,6 +27,10 @@ ALLOWED = {
     ("labkit.experiment.tracking_mlflow", "mlflow.entities"): "mlflow is optional (the `track` extra)",
     ("labkit.scoring.rouge", "rouge_score"): "rouge_score imports nltk (0.6-1 s), which every stage kernel would pay "
                                              "through the trainer's early stopping: only a card scoring ROUGE needs it",
+    ("labkit.stages.context", "labkit.preflight.sizing"): "the method check applies the card's method on the meta "
+                                                          "device (peft with bitsandbytes: seconds): only a notebook "
+                                                          "that starts a new run checks it, not every stage 01 and 02 "
+                                                          "kernel start (tests/unit/cli/test_fast_start.py)",
     ("labkit.experiment.tracking_wandb", "wandb"): "wandb is optional (the `track` extra): only a card with "
                                                    "tracking.wandb needs it (and it takes seconds to import)",
 }

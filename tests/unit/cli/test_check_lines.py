@@ -5,11 +5,10 @@ causal LM, in `labkit estimate` too."""
 from __future__ import annotations
 
 import re
-import shutil
 from pathlib import Path
 
 import yaml
-from conftest import REPO
+from conftest import MISTRAL3_REFUSAL, REPO, mistral3_card
 
 from labkit.cli.checks import method_text
 from labkit.cli.main import main
@@ -82,30 +81,13 @@ def test_each_failing_card_is_named_when_several_are_checked(tmp_path: Path, cap
 
 def test_a_vision_language_checkpoint_is_refused_in_one_line_before_anything_is_written(tmp_path: Path, capsys) -> None:
     """A local Mistral 3 checkpoint (the format of Mistral Small 3.1 and Ministral 3: a vision tower beside a
-    `ministral3` text decoder) has no causal-LM class in transformers: `check --data`, `estimate` and `run` say so in
-    one line at the card's `model.source` line, exit 2, and `run` creates no run."""
-    import transformers
-
-    from labkit.model.sources import resolve
-
-    folder = tmp_path / "mistral3"
-    text = {"model_type": "ministral3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 600}
-    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-              "image_size": 32, "patch_size": 16, "head_dim": 16}
-    config = transformers.Mistral3Config(text_config=text, vision_config=vision)
-    transformers.Mistral3ForConditionalGeneration(config).save_pretrained(folder)
-    tokenizer = Path(resolve("tiny:llama").location)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tokenizer / name, folder)
-    card = tmp_path / "card.yaml"
-    card.write_text(f"parent: {REPO / 'params' / 'smoke.yaml'}\nexperiment: {{variant: mistral3}}\n"
-                    f"model: {{source: '{folder}', dtype: float32}}\n")
+    `ministral3` text decoder) has no causal-LM class in transformers: `check --data`, `estimate`, `run` and `stage`
+    say so in one line at the card's `model.source` line, exit 2, and neither `run` nor `stage` creates a run."""
+    card = mistral3_card(tmp_path)
     runs = tmp_path / "runs"
-    expected = (f"labkit: error: {card}:3: model.source {folder}: its config is mistral3 (Mistral3Config), which "
-                "transformers does not load as a causal LM (AutoModelForCausalLM); its text decoder (ministral3) is "
-                "one: point model.source at a text-only copy of it")
-    for command in (["check", "--data", str(card)], ["estimate", str(card), "--gpu-memory", "24"], ["run", str(card)]):
+    expected = f"labkit: error: {card}:3: model.source {tmp_path / 'mistral3'}: {MISTRAL3_REFUSAL}"
+    for command in (["check", "--data", str(card)], ["estimate", str(card), "--gpu-memory", "24"], ["run", str(card)],
+                    ["stage", "baseline", str(card)]):
         assert main(["--runs", str(runs), *command]) == 2, command
         lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("labkit: ")]
         assert lines == [expected], (command, lines)

@@ -4,9 +4,16 @@ to use a text-only copy of it; an encoder-decoder is told to use a decoder-only 
 
 from __future__ import annotations
 
-import transformers
+from pathlib import Path
 
-from labkit.model.loading import causal_lm_refusal
+import pytest
+import transformers
+from conftest import MISTRAL3_REFUSAL, mistral3_card
+
+from labkit.card.load import load_card
+from labkit.errors import ModelSourceError
+from labkit.model.loading import causal_lm_refusal, load_model
+from labkit.model.sources import resolve
 
 TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 600}
@@ -36,3 +43,14 @@ def test_a_repositorys_own_causal_lm_class_is_left_to_trust_remote_code() -> Non
     config = transformers.T5Config(d_model=64, num_layers=1, num_heads=2, vocab_size=600)
     config.auto_map = {"AutoConfig": "configuration_x.XConfig", "AutoModelForCausalLM": "modeling_x.XForCausalLM"}
     assert causal_lm_refusal(config) is None  # from_config(trust_remote_code=…) decides, as the card says
+
+
+def test_loading_a_vision_language_checkpoint_says_what_to_load_instead(tmp_path: Path) -> None:
+    """The stage-01 path of a hub checkpoint whose config no check could read offline: the loader reads the config and
+    refuses with the fix before it reads (or downloads) a weight."""
+    card = load_card(str(mistral3_card(tmp_path))).card
+    for name in tmp_path.joinpath("mistral3").glob("*.safetensors"):
+        name.unlink()  # never read: the refusal comes first
+    with pytest.raises(ModelSourceError) as refused:
+        load_model(resolve(card.model.source), card, "cpu")
+    assert str(refused.value) == f"model.source {card.model.source}: {MISTRAL3_REFUSAL}"

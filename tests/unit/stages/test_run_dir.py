@@ -7,13 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import MISTRAL3_REFUSAL, REPO, mistral3_card
 
 import labkit
 from labkit.card.load import load_card
 from labkit.core import io
 from labkit.core import runs as R
-from labkit.errors import MissingInput
+from labkit.errors import MissingInput, ModelSourceError
 from labkit.stages.context import open_stage
 
 SMOKE = str(REPO / "params" / "smoke.yaml")
@@ -73,3 +73,16 @@ def test_stage_05_by_default_opens_the_latest_completed_run_when_the_interactive
     with pytest.raises(MissingInput) as missing:  # a file missing in the opened run: the runs, and run_dir
         stage.read("training", "outcome.json")
     assert "outcome.json is missing" in str(missing.value) and done.run_id in str(missing.value)
+
+
+def test_a_notebook_opened_by_hand_makes_the_checks_labkit_run_makes_before_its_run(tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """A card whose model transformers does not load as a causal LM: the notebook's first cell fails in the line
+    `labkit run` prints, and no interactive run is created."""
+    monkeypatch.setenv("LABKIT_RUNS", str(tmp_path / "runs"))
+    monkeypatch.delenv("LABKIT_BATCH", raising=False)
+    card = mistral3_card(tmp_path)
+    with pytest.raises(ModelSourceError) as refused:
+        open_stage("baseline", str(card))
+    assert str(refused.value) == f"{card}:3: model.source {tmp_path / 'mistral3'}: {MISTRAL3_REFUSAL}"
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("status.json"))
