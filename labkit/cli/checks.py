@@ -7,7 +7,9 @@ what the method trains, so a card's reach is read before anything is spent.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from labkit.card.load import LoadedCard
 from labkit.core.protocol import pin_card, pinned
@@ -25,7 +27,8 @@ def data_line(loaded: LoadedCard, root: Path) -> str:
         loaded: the loaded card.
         root: the runs root (the experiment's reference run pins a `resolve` revision).
     Returns:
-        a line of split sizes (and groups, with data.fields.group).
+        a line of split sizes, the rows cleaning and leakage removed with what removed them (and groups, with
+            data.fields.group).
     """
     card = pinned(loaded.card, pin_card(loaded.card, root, loaded.card.experiment.id))  # revision: resolve → the experiment's commit (asked once), not recorded
     tokenizer = load_tokenizer(resolve(card.model.source, card.model.revision, base=loaded.path.parent), card)
@@ -41,7 +44,25 @@ def data_line(loaded: LoadedCard, root: Path) -> str:
             line += (f", their {rows} training rows dropped" if card.data.leakage.policy == "drop_from_train"
                      else ", kept: data.leakage.policy is report")
         line += ")"
+    removed = derived.rows_loaded - sum(len(rows) for rows in derived.splits.values())
+    if removed:  # a rule that removes most of the data shows here, before a run spends anything on what is left
+        line += f"; {removed} removed: {', '.join(_removals(derived.cleaning, derived.leakage))}"
     return line + "; every reference and encoding check passes"
+
+
+def _removals(cleaning: list[dict[str, Any]], leakage: dict[str, Any]) -> list[str]:
+    """What removed rows before and after splitting, as "N by RULE": each `data.cleaning` rule that removed any (as
+    the card writes it), then the rows `data.leakage` dropped: near-duplicates within a split, and training rows near
+    an evaluation row or in a group (data.fields.group) an evaluation split holds too."""
+    said = [f"{step['removed']} by " + (rule if isinstance(rule := step["rule"], str) else
+                                        "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in rule.items()) + "}")
+            for step in cleaning if step["removed"]]
+    shared = " or share a group with one" if leakage.get("groups_across_splits") else ""
+    for key, what in (("dropped_within_split", "duplicates within a split"),
+                      ("dropped_from_train", f"training rows that repeat an evaluation row{shared}")):
+        if leakage.get(key):
+            said.append(f"{len(leakage[key])} by data.leakage ({what})")
+    return said
 
 
 def _count(n: int) -> str:

@@ -33,6 +33,28 @@ def test_check_data_prints_what_the_method_trains(tmp_path: Path, capsys) -> Non
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
+def test_check_data_says_what_removed_rows_and_how_many(tmp_path: Path, capsys) -> None:
+    """The smoke card's planted rows (an empty answer, an overlong ticket, a near-duplicate of an evaluation row) are
+    counted by what removed them; a rule that removes most of the data shows its count before a run spends anything."""
+    assert main(["--runs", str(tmp_path / "runs"), "check", "--data", str(_card(tmp_path))]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("  data: "))
+    assert line == ("  data: loaded 60, train 36, validation 11, test 10 rows; 3 removed: 1 by drop_empty, 1 by "
+                    "{drop_longer_than_tokens: 400}, 1 by data.leakage (training rows that repeat an evaluation row); "
+                    "every reference and encoding check passes")
+    strict = yaml.safe_load(_card(tmp_path).read_text())
+    strict["data"]["cleaning"][-1] = {"drop_longer_than_tokens": 180}
+    (tmp_path / "card.yaml").write_text(yaml.safe_dump(strict, sort_keys=False))
+    assert main(["--runs", str(tmp_path / "runs"), "check", "--data", str(tmp_path / "card.yaml")]) == 0
+    line = next(s for s in capsys.readouterr().out.splitlines() if s.startswith("  data: "))
+    found = re.fullmatch(r"  data: loaded 60, train (\d+), validation (\d+), test (\d+) rows; (\d+) removed: 1 by "
+                         r"drop_empty, (\d+) by \{drop_longer_than_tokens: 180\}(, (\d+) by data\.leakage \(.*\))?; "
+                         r"every reference and encoding check passes", line)
+    assert found, line
+    train, validation, test, removed, too_long = map(int, found.groups()[:5])
+    assert too_long > 10 and 60 - train - validation - test == removed == 1 + too_long + int(found.group(7) or 0)
+    assert not (tmp_path / "runs").exists()
+
+
 def test_check_without_data_does_not_apply_the_method(tmp_path: Path, capsys) -> None:
     """The card-only check stays free of torch (tests/unit/cli/test_fast_start.py): no method line, and a target that
     matches nothing is left to `--data` and `labkit run`."""

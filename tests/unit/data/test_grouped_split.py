@@ -125,6 +125,8 @@ def test_a_group_shared_by_given_splits_is_leakage(tmp_path: Path, tiny_model, c
     assert cli_main(["check", "--data", str(_card(tmp_path, rows, split={"field": "split"}))]) == 0
     said = capsys.readouterr().out
     assert f"rows in 24 groups (2 in more than one split, their {len(dropped)} training rows dropped)" in said
+    assert (f"; {len(dropped)} removed: {len(dropped)} by data.leakage (training rows that repeat an evaluation row or "
+            "share a group with one); every reference" in said)
     fractions = _card(tmp_path, rows, split={"validation": 0.2, "test": 0.2})
     assert cli_main(["check", "--data", str(fractions)]) == 0
     assert "rows in 24 groups (none in more than one split)" in capsys.readouterr().out
