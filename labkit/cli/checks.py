@@ -46,7 +46,8 @@ def data_line(loaded: LoadedCard, root: Path) -> str:
         line += ")"
     removed = derived.rows_loaded - sum(len(rows) for rows in derived.splits.values())
     if removed:  # a rule that removes most of the data shows here, before a run spends anything on what is left
-        line += f"; {removed} removed: {', '.join(_removals(derived.cleaning, derived.leakage))}"
+        said = _removals(derived.cleaning, derived.leakage)
+        line += f"; {removed} removed" + (f": {', '.join(said)}" if said else "")
     return line + "; every reference and encoding check passes"
 
 
