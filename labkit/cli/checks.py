@@ -7,13 +7,13 @@ what the method trains, so a card's reach is read before anything is spent.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from labkit.card.load import LoadedCard
 from labkit.core.protocol import pin_card, pinned
 from labkit.data.prepare import checked_splits
+from labkit.data.sources import rule_text
 from labkit.model.loading import load_tokenizer
 from labkit.model.sources import resolve
 from labkit.preflight.records import MethodCheck
@@ -55,9 +55,7 @@ def _removals(cleaning: list[dict[str, Any]], leakage: dict[str, Any]) -> list[s
     """What removed rows before and after splitting, as "N by RULE": each `data.cleaning` rule that removed any (as
     the card writes it), then the rows `data.leakage` dropped: near-duplicates within a split, and training rows near
     an evaluation row or in a group (data.fields.group) an evaluation split holds too."""
-    said = [f"{step['removed']} by " + (rule if isinstance(rule := step["rule"], str) else
-                                        "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in rule.items()) + "}")
-            for step in cleaning if step["removed"]]
+    said = [f"{step['removed']} by {rule_text(step['rule'])}" for step in cleaning if step["removed"]]
     shared = " or share a group with one" if leakage.get("groups_across_splits") else ""
     for key, what in (("dropped_within_split", "duplicates within a split"),
                       ("dropped_from_train", f"training rows that repeat an evaluation row{shared}")):

@@ -168,6 +168,13 @@ def _rule_name(rule: Any) -> tuple[str, Any]:
     return name, value
 
 
+def rule_text(rule: str | dict[str, Any]) -> str:
+    """A cleaning rule as the card writes it (`drop_empty`, `{drop_longer_than_tokens: 384}`), from its entry in the
+    cleaning report (`apply_cleaning`)."""
+    return rule if isinstance(rule, str) else "{" + ", ".join(
+        f"{k}: {json.dumps(v, ensure_ascii=False)}" for k, v in rule.items()) + "}"
+
+
 def apply_cleaning(data: Data, rows: list[dict[str, Any]],
                    token_length: Callable[[dict[str, Any]], int] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Apply the card's cleaning rules in order.
@@ -222,8 +229,7 @@ def apply_cleaning(data: Data, rows: list[dict[str, Any]],
         report.append({"rule": name if value is None else {name: shown}, "rows_before": before,
                        "removed": len(removed), "removed_ids": removed, "changed": changed})
         if before and not rows:  # this rule removed the last rows (token_length caches the lengths it measured)
-            rule_text = name if value is None else f"{{{name}: {json.dumps(shown, ensure_ascii=False)}}}"
-            raise DataError(f"data.cleaning: {rule_text} removed the last {before} rows, so none is left: " + (
+            raise DataError(f"data.cleaning: {rule_text(report[-1]['rule'])} removed the last {before} rows, so none is left: " + (
                 f"the shortest is {min(map(token_length, previous))} tokens; raise N (and data.max_length with it)"
                 if name == "drop_longer_than_tokens" else "check the rule and the field mapping"))
     if not rows:
