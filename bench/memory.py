@@ -17,8 +17,10 @@ block: one LayerNorm, partial rotary 0.5, a GELU MLP), cohere (Command R's paral
 float32, a SwiGLU MLP), cohere2 (Cohere's block, a 128-token window on 3 of every 4 layers, the fourth without
 rotary), glm (GLM-4-9B-chat's: fused gate_up_proj, separate q/k/v with biases, half of each head rotated and
 concatenated), glm4 (GLM-4-0414's: GLM's with a norm after attention and after the MLP), phi2 (phi with Phi-2's
-residual dropout 0.1) or seed_oss (Llama's block dropping the attention probabilities and each sublayer's output at
-0.1, Seed-OSS's defaults).
+residual dropout 0.1), seed_oss (Llama's block dropping the attention probabilities and each sublayer's output at
+0.1, Seed-OSS's defaults), stablelm (StableLM 2's: LayerNorms, a quarter of each head rotated and concatenated),
+stablelm_parallel_qk (StableLM 2 12B's: attention and the MLP in parallel, a LayerNorm on each head's query and key)
+or starcoder2 (LayerNorms, an ungated GELU MLP, dropout 0.1 on the embeddings, attention and each sublayer's output).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -51,7 +53,13 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "glm4": ("Glm4Config", {}),
                   # dropout in the model's config: Phi-2's residual dropout, Seed-OSS's residual and attention dropout
                   "phi2": ("PhiConfig", {"partial_rotary_factor": 0.5, "resid_pdrop": 0.1}),
-                  "seed_oss": ("SeedOssConfig", {})}
+                  "seed_oss": ("SeedOssConfig", {}),
+                  # LayerNorm blocks: StableLM 2 (a quarter of each head rotated), StableLM 2 12B's parallel block
+                  # with query and key LayerNorms, StarCoder2 (ungated GELU MLP) with every dropout at 0.1
+                  "stablelm": ("StableLmConfig", {"use_qkv_bias": True}),
+                  "stablelm_parallel_qk": ("StableLmConfig", {"use_parallel_residual": True, "qk_layernorm": True}),
+                  "starcoder2": ("Starcoder2Config", {"residual_dropout": 0.1, "attention_dropout": 0.1,
+                                                     "embedding_dropout": 0.1})}
 
 
 def random_config(arch: str, tokenizer):

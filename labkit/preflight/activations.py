@@ -21,12 +21,20 @@ query, key and value projections; GLM-4-0414 (`glm4`) adds Gemma 2's norms after
 (Command R, Aya Expanse; Cohere 2: Command R7B and A) runs attention and the MLP in parallel on one LayerNorm's
 output, as Phi does, but its LayerNorm is written out in float32: it keeps the centred input twice and one statistic
 a token; Command R+ also LayerNorms each head's query and key (`use_qk_norm`). Seed-OSS is Llama's block.
+StableLM (StableLM 2, StableLM 3B 4E1T) is Llama's block with PyTorch's LayerNorm (its input and two statistics a
+token: mean and reciprocal deviation) and a partial rotary that concatenates (o_proj reads a copy); StableLM 2 12B
+runs attention and the MLP in parallel on one LayerNorm (`use_parallel_residual`) and LayerNorms each head's query
+and key (`qk_layernorm`). Starcoder2 is Llama's attention between LayerNorms with an ungated MLP: c_fc, the tanh
+GELU (PyTorch's, which keeps only its input), c_proj. A LayerNorm's weight takes its gradient from what the norm
+keeps anyway: full fine-tuning adds nothing there (as Phi's).
 
 Dropout in the model's own config is counted where transformers applies it in training: on each sublayer's output
 before its residual (Phi-2's and Phi-3's `resid_pdrop`, Seed-OSS's `residual_dropout`: a mask each, 1 byte a value
 on CUDA, the scaled noise in the activations' dtype on the CPU) and on the attention probabilities
 (`attention_dropout`: eager attention keeps the dropped probabilities and the mask; CUDA's SDPA kernels drop inside
-the kernel and keep nothing more, while the CPU's SDPA runs its math path, which keeps what eager attention keeps).
+the kernel and keep nothing more, while the CPU's SDPA runs its math path, which keeps what eager attention keeps);
+StableLM's `hidden_dropout` drops the MLP's output alone, Starcoder2's `embedding_dropout` the embeddings once per
+token (`labkit.preflight.memory`).
 """
 
 from __future__ import annotations
@@ -45,10 +53,16 @@ PARALLEL = {"cohere", "cohere_qk"}  # blocks whose one LayerNorm (written out in
 # blocks whose norms multiply their weight in float32
 FLOAT32_NORM_PRODUCT = {"gemma", "gemma2", "gemma3", "olmo2", *PARALLEL}
 QKV = {"q_proj", "k_proj", "v_proj", "qkv_proj"}  # the linears reading the attention's input (Phi-3 fuses them)
-GATE_UP = {"gate_proj", "up_proj", "gate_up_proj"}  # the linears reading the MLP's input (Phi-3 and GLM fuse them)
 # blocks whose rotary concatenates the rotated part with the rest (torch.cat, also at a full rotary): the queries lose
 # the layout q_proj gave them, so SDPA's output is not in the layout o_proj reads and its input is a copy
-CONCATENATED_ROTARY = {"phi3", "glm4"}
+STABLELM = {"stablelm", "stablelm_qk", "stablelm_parallel", "stablelm_parallel_qk"}  # (`architecture`)
+CONCATENATED_ROTARY = {"phi3", "glm4", *STABLELM}
+# blocks with PyTorch's LayerNorm before each sublayer (its input and two statistics a token); the parallel ones feed
+# attention and the MLP from one; the _qk ones also LayerNorm each head's query and key
+LAYER_NORM = {"starcoder2", *STABLELM}
+LAYER_NORM_PARALLEL = {"stablelm_parallel", "stablelm_parallel_qk"}
+LAYER_NORM_QK = {"stablelm_qk", "stablelm_parallel_qk"}
+MLP_IN = {"gate_proj", "up_proj", "gate_up_proj", "c_fc"}  # the linears reading the MLP's input (Starcoder2: c_fc)
 
 
 def window_share(config: Any, seq_len: int) -> float:
@@ -170,7 +184,9 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             GLM-4's), "glm4" (Phi-3's with Gemma 2's four norms: GLM-4-0414), "olmo2" (OLMo 2 and 3: norms after each
             sublayer and on the whole query and key), "exaone4" (OLMo 2's norms after each sublayer, Qwen3's on each
             head's query and key), "cohere" (one LayerNorm feeding attention and the MLP in parallel), "cohere_qk"
-            (Cohere's with a LayerNorm on each head's query and key) or "phi" (`architecture`).
+            (Cohere's with a LayerNorm on each head's query and key), "stablelm" (Llama's with LayerNorms and a
+            concatenating partial rotary; "_parallel", "_qk": StableLM 2 12B's parallel sublayers, per-head query and
+            key LayerNorms), "starcoder2" (LayerNorms, an ungated GELU MLP) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -210,6 +226,17 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units = {"attention output (its norm)": h * norm, "MLP output (its norm)": h * norm, "norm scales": 2 * norm,
                      "query, key before their norms": (shape.q + shape.kv) * norm, "query, key norm scales": 2 * norm}
             inputs = ("layer input (q/k/v)", "MLP input (gate/up)")
+        elif block in LAYER_NORM:
+            # PyTorch's LayerNorm keeps its input and two statistics a token (mean, reciprocal deviation)
+            parallel = block in LAYER_NORM_PARALLEL
+            units = {"layer input (LayerNorm)": h * norm, "norm statistics": (2 if parallel else 4) * norm}
+            if not parallel:
+                units["post-attention residual (LayerNorm)"] = h * norm
+            inputs = (("normed input (q/k/v, gate/up)",) * 2 if parallel
+                      else ("normed input (q/k/v)", "normed input (MLP)"))
+            if block in LAYER_NORM_QK:  # a LayerNorm on each head: the projections whole, two statistics a head
+                units["query, key before their norms"] = (shape.q + shape.kv) * norm
+                units["query, key norm statistics"] = 2 * (shape.heads + shape.kv_heads) * norm
         elif block in PARALLEL:
             # Cohere's LayerNorm in float32: the centred input twice (for the variance and for the product with the
             # scale) and the scale; its one output feeds attention and the MLP in parallel
@@ -218,13 +245,16 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         else:
             units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm}
             inputs = ("normed input (q/k/v)", "normed input (gate/up)")
-        units["gate, SiLU, up"] = 3 * i  # Phi-3's fused gate_up output is the gate and the up: the same 2i and SiLU's i
+        if block == "starcoder2":  # ungated: the tanh GELU keeps its input (c_fc's output), c_proj reads its output
+            units["c_fc output (GELU)"] = i
+        else:  # Phi-3's fused gate_up output is the gate and the up: the same 2i and SiLU's i
+            units["gate, SiLU, up"] = 3 * i
         if adapted & QKV and shared:
             units[inputs[0]] = h
-        if adapted & GATE_UP and shared:
+        if adapted & MLP_IN and shared:
             units[inputs[1]] = h
-        if "down_proj" in adapted and shared:
-            units["gated product (down)"] = i
+        if adapted & {"down_proj", "c_proj"} and shared:
+            units["GELU output (c_proj)" if block == "starcoder2" else "gated product (down)"] = i
         if (attention in EAGER or block in CONCATENATED_ROTARY) and "o_proj" in adapted and shared:
             units["attention output, contiguous (o_proj)"] = shape.q  # (else o_proj reads the output SDPA keeps)
         if block in SANDWICH:  # Gemma 2 and 3 (GLM-4-0414) also norm the attention's and the MLP's outputs
@@ -238,7 +268,9 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
                                  autocast))
     if shape.residual_dropout > 0:  # each sublayer's output dropped before its residual: a mask each, as LoRA's
         units["residual dropout masks"] = 2 * h * (1 / act_bytes if cuda else 1)
-    if params["norms_trainable"]:
+    if shape.mlp_dropout > 0:  # StableLM's hidden_dropout: the MLP's output alone
+        units["MLP output dropout mask"] = h * (1 / act_bytes if cuda else 1)
+    if params["norms_trainable"] and block not in LAYER_NORM:
         # each trainable norm weight keeps the normalised values it multiplies, for its gradient: the layer's two norms
         # (four in a sandwich, Cohere's one) and the query and key norms; Phi's LayerNorm derives its weights' gradients
         # from what it keeps anyway. Gemma's, OLMo 2's and Cohere's norms multiply in float32, the others in the
@@ -249,7 +281,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units["normalised, before the norm weight"] = normed * (norm if block in FLOAT32_NORM_PRODUCT else 1)
     if lora:
         units["LoRA A outputs"] = method.r * len(adapted)
-        width = {"down_proj": i, "fc2": i, "o_proj": shape.q}  # each adapted linear's input
+        width = {"down_proj": i, "fc2": i, "c_proj": i, "o_proj": shape.q}  # each adapted linear's input
         inputs = sum(width.get(m, h) for m in adapted)
         if not shared:
             units["LoRA inputs (each adapter's own)"] = inputs
@@ -270,7 +302,7 @@ ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3"
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
                  "cohere2": "cohere", "glm": "phi3", "glm4": "glm4", "seed_oss": "llama", "ministral3": "llama",
-                 "helium": "gemma", "hunyuan_v1_dense": "qwen3"}
+                 "helium": "gemma", "hunyuan_v1_dense": "qwen3", "stablelm": "stablelm", "starcoder2": "starcoder2"}
 
 
 def architecture(config: Any) -> dict[str, Any]:
@@ -284,6 +316,9 @@ def architecture(config: Any) -> dict[str, Any]:
     block = ARCHITECTURES.get(model_type)
     if block == "cohere" and getattr(c, "use_qk_norm", False):  # Command R+: a LayerNorm on each head's query and key
         block = "cohere_qk"
+    if block == "stablelm":  # StableLM 2 12B: attention and the MLP in parallel, a LayerNorm on each head's q and k
+        block += "_parallel" * bool(getattr(c, "use_parallel_residual", False)) + "_qk" * bool(
+            getattr(c, "qk_layernorm", False))
     note = None if block else (
         f"the memory estimate does not model the {model_type or 'unknown'} architecture (modelled: "
         f"{', '.join(sorted(ARCHITECTURES))}): stage 03 shows the measured memory alone")

@@ -8,7 +8,8 @@ block (Llama, Llama 3, Mistral, Qwen2, Gemma: RMSNorm, rotary attention through 
 on each head's query and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped
 eager attention, Gemma 3's query and key norms; SmolLM3, Granite and Seed-OSS as Llama's; Phi-3's (and GLM-4's) fused
 gate_up_proj, GLM-4-0414's with Gemma 2's four norms; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's
-one float32 LayerNorm feeding attention and the MLP in parallel), or Phi's (one LayerNorm, attention and a GELU MLP
+one float32 LayerNorm feeding attention and the MLP in parallel; StableLM's LayerNorms and concatenating partial
+rotary; Starcoder2's LayerNorms and ungated GELU MLP), or Phi's (one LayerNorm, attention and a GELU MLP
 in parallel, partial rotary), with the dropout the config sets (a mask per dropped tensor). Any other architecture
 is not modelled: the estimate says so (`modelled: false`, `note`) and stage 03 shows the measurement alone; the
 loss term follows the loss implementation the trainer uses: TRL's chunked "fused" LM head on CUDA, and on the CPU
@@ -64,6 +65,8 @@ class Shape:
     vocab: int
     attention_dropout: float = 0.0  # dropout on the attention probabilities in training (Seed-OSS: 0.1)
     residual_dropout: float = 0.0  # dropout on each sublayer's output before its residual (Phi-2, Seed-OSS: 0.1)
+    mlp_dropout: float = 0.0  # dropout on the MLP's output alone (StableLM's hidden_dropout)
+    embedding_dropout: float = 0.0  # dropout on the embeddings, once per token (Starcoder2)
 
     @property
     def kv(self) -> int:
@@ -91,7 +94,10 @@ def shape_of(config: Any) -> Shape:
                  heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab=c.vocab_size,
                  attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-                 residual_dropout=float(getattr(c, "resid_pdrop", 0.0) or getattr(c, "residual_dropout", 0.0) or 0.0))
+                 residual_dropout=float(getattr(c, "resid_pdrop", 0.0) or getattr(c, "residual_dropout", 0.0) or 0.0),
+                 mlp_dropout=float(getattr(c, "hidden_dropout", 0.0) or 0.0)
+                 if getattr(c, "model_type", "") == "stablelm" else 0.0,
+                 embedding_dropout=float(getattr(c, "embedding_dropout", 0.0) or 0.0))
 
 
 def meta_model(config: Any, card: Card) -> Any:
@@ -247,6 +253,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     saved = saved_ckpt if ckpt else saved_plain
     n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
+    if shape.embedding_dropout > 0:  # its mask, once per token: 1 byte a value on CUDA, the scaled noise on the CPU
+        head_saved += tokens * shape.hidden * (1 if kind == "cuda" else act_bytes)
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
     if card.train.trainer == "sft" and kind != "cuda":
         # labkit's head (CPU): logits of the scored positions (+ their fp32 copy), log-softmax kept for the backward

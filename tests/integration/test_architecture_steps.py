@@ -1,8 +1,8 @@
-"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, GLM-4, Gemma 2, Gemma 3 (with a vision
-tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the update check on two real trainer
-steps, the memory estimate and greedy generation from the card's prompt format. The real-size configs (Llama 3 8B,
-Mistral 7B, Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, GLM-4-9B, …) are estimated on the meta device; an
-architecture the estimate does not model says so."""
+"""Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, GLM-4, Seed-OSS, StableLM, Starcoder2,
+Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the
+update check on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The
+real-size configs (Llama 3 8B, Mistral 7B, Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, GLM-4-9B, StableLM 2 12B, …)
+are estimated on the meta device; an architecture the estimate does not model says so."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 # goes at the end of the prompt
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
-         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}, "seed-oss": {}}
+         "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}, "seed-oss": {}, "stablelm": {},
+         "starcoder2": {}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj; GLM-4: q k v o
-# gate_up_proj down_proj)
+# gate_up_proj down_proj; Starcoder2: q k v o c_fc c_proj)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
-                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6, "seed-oss": 7}
+                 "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6, "seed-oss": 7, "stablelm": 7,
+                 "starcoder2": 6}
 # the linears the update moves where some are fused (Phi-3's q/k/v, Phi-3's and GLM-4's gate and up)
 FUSED = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
          "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
@@ -274,6 +276,45 @@ def test_ministral3_hunyuan_and_helium_shapes_on_meta() -> None:
     assert helium["modelled"]
     key = "normalised, before the norm weight"
     assert helium["activation_units_per_token_layer"][key] == 2 * llama["activation_units_per_token_layer"][key]
+
+
+def test_stablelm_and_starcoder2_shapes_on_meta() -> None:
+    """StableLM 2 1.6B (`stablelm`: Llama's block with LayerNorms, a quarter of each head rotated and concatenated, so
+    o_proj reads a copy), StableLM 2 12B (`stablelm_parallel_qk`: one LayerNorm feeding attention and the MLP, a
+    LayerNorm on each head's query and key) and StarCoder2 3B (`starcoder2`: LayerNorms, an ungated GELU MLP) with its
+    config's dropout set: each sublayer's output and the embeddings keep a mask (1 byte a value on a GPU, the noise in
+    the activations' dtype on the CPU). A LayerNorm's weight needs nothing more kept when it trains."""
+    from transformers import StableLmConfig, Starcoder2Config
+
+    card = card_for("stablelm")
+    small = StableLmConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=32,
+                           num_key_value_heads=32, vocab_size=100352, use_qkv_bias=True)
+    large = StableLmConfig(hidden_size=5120, intermediate_size=13824, num_hidden_layers=40, num_attention_heads=32,
+                           num_key_value_heads=8, vocab_size=100352, use_parallel_residual=True, qk_layernorm=True)
+    assert [architecture(c)["block"] for c in (small, large)] == ["stablelm", "stablelm_parallel_qk"]
+    units = estimate_step(small, card, 512, padded=False)["activation_units_per_token_layer"]
+    assert units["norm statistics"] == 4 and units["post-attention residual (LayerNorm)"] == 2048
+    assert units["attention output, contiguous (o_proj)"] == units["attention output"] == 2048
+    assert units["normed input (q/k/v)"] == units["normed input (MLP)"] == 2048
+    units = estimate_step(large, card, 512, padded=False)["activation_units_per_token_layer"]
+    assert units["norm statistics"] == 2 and "post-attention residual (LayerNorm)" not in units
+    assert units["normed input (q/k/v, gate/up)"] == 5120 and units["query, key norm statistics"] == 2 * (32 + 8)
+    coder = {"hidden_size": 3072, "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24,
+             "num_key_value_heads": 2, "vocab_size": 49152, "sliding_window": 4096}
+    dropped = Starcoder2Config(**coder, residual_dropout=0.1, embedding_dropout=0.1)
+    full = updated(card, {"method": {"kind": "full"}})
+    est = estimate_step(dropped, full, 512, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and architecture(dropped)["block"] == "starcoder2"
+    assert units["c_fc output (GELU)"] == 12288 and "gate, SiLU, up" not in units
+    assert units["residual dropout masks"] == 2 * 3072 and "normalised, before the norm weight" not in units
+    tokens = 512 * est["rows"]
+    for device, byte in (("cpu", 4), (gpu_profile(80, "9.0"), 1)):  # the embeddings' mask, once per token
+        bf16 = {"model.dtype": "bfloat16", "train.precision": "bf16"} if device != "cpu" else {}
+        chosen = updated(full, bf16)
+        with_mask, without = (estimate_step(c, chosen, 512, device=device, padded=False)["breakdown"]["activations"]
+                              for c in (Starcoder2Config(**coder, embedding_dropout=0.1), Starcoder2Config(**coder)))
+        assert with_mask - without == tokens * 3072 * byte
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

@@ -7,8 +7,10 @@ the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an 
 each head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one
 LayerNorm; Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), a GLM-4 (Phi-3's
 fused MLP input and concatenated rotary; GLM-4-0414's four norms) and models that drop in training (a Llama with
-attention dropout, Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), a Ministral 3, a HunYuan dense and a
-Helium, with LoRA on every linear layer, in float32, with and without padding, with sdpa and eager attention; and
+attention dropout, Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), a Ministral 3, a HunYuan dense, a
+Helium, a StableLM (LayerNorms, a concatenating partial rotary; StableLM 2 12B's parallel block and per-head query and
+key LayerNorms; its MLP-output dropout) and a Starcoder2 (LayerNorms, an ungated GELU MLP, residual and attention
+dropout), with LoRA on every linear layer, in float32, with and without padding, with sdpa and eager attention; and
 with full fine-tuning, where each trainable norm also keeps the values its weight multiplies; both also in bfloat16
 under the CPU's autocast."""
 
@@ -23,7 +25,7 @@ from labkit.card.load import load_card
 from labkit.card.schema import Card
 from labkit.card.update import updated
 from labkit.model.method import apply_method
-from labkit.preflight.activations import activation_units, architecture
+from labkit.preflight.activations import LAYER_NORM, activation_units, architecture
 from labkit.preflight.memory import meta_model, parameter_bytes, shape_of
 
 SIZES = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -79,8 +81,21 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "ministral3, head_dim 32": lambda: transformers.Ministral3Config(**SIZES, **IDS, head_dim=32),
            "hunyuan_v1_dense, head_dim 32": lambda: transformers.HunYuanDenseV1Config(**SIZES, **IDS, head_dim=32),
            "helium": lambda: transformers.HeliumConfig(**SIZES, **IDS, head_dim=16),  # its o_proj reads hidden_size
+           # StableLM 2: LayerNorms, a quarter of each head rotated and concatenated with the rest; StableLM 2 12B:
+           # attention and the MLP in parallel, a LayerNorm on each head's query and key; Starcoder2: LayerNorms with
+           # biases, an ungated tanh-GELU MLP (c_fc, c_proj), its config's residual dropout
+           "stablelm": lambda: transformers.StableLmConfig(**SIZES, **IDS),
+           "stablelm, parallel, query and key norms": lambda: transformers.StableLmConfig(
+               **SIZES, **IDS, use_parallel_residual=True, qk_layernorm=True),
+           "stablelm, query and key norms": lambda: transformers.StableLmConfig(**SIZES, **IDS, qk_layernorm=True),
+           "stablelm, parallel, MLP output dropout": lambda: transformers.StableLmConfig(
+               **SIZES, **IDS, use_parallel_residual=True, hidden_dropout=0.1),
+           "starcoder2": lambda: transformers.Starcoder2Config(**SIZES, **IDS),
+           "starcoder2, residual and attention dropout": lambda: transformers.Starcoder2Config(
+               **SIZES, **IDS, residual_dropout=0.1, attention_dropout=0.1),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
                                                          residual_multiplier=0.22, attention_multiplier=0.015625)}
+TORCH_LN = {"phi", *LAYER_NORM}  # blocks normed by PyTorch's LayerNorm
 ROWS, SEQ = 2, 64
 LAYER = 1  # the decoder layer measured
 EAGER_ONLY = {"gemma2, head_dim 32"}  # no sdpa kernel in transformers (softcapping)
@@ -153,15 +168,15 @@ def test_the_estimated_layer_keeps_what_autograd_saves(name: str, padded: bool, 
 @pytest.mark.parametrize(("name", "attention"), [(name, attention) for name, attention, dropout in CASES if not dropout])
 def test_full_fine_tuning_keeps_each_trainable_norms_normalised_values(name: str, attention: str) -> None:
     """Full fine-tuning, float32: each norm whose weight trains keeps the normalised values it multiplies — the
-    layer's two norms, a sandwich's four, the query and key norms (per head or whole) — except Phi's LayerNorm,
-    which derives its weights' gradients from what it keeps anyway."""
+    layer's two norms, a sandwich's four, the query and key norms (per head or whole) — except PyTorch's LayerNorm
+    (Phi's, StableLM's, Starcoder2's), which derives its weights' gradients from what it keeps anyway."""
     measured, estimated, units = saved_and_estimated(name, full_card(), attention)
-    assert "normalised, before the norm weight" in units or architecture(CONFIGS[name]())["block"] == "phi"
+    assert ("normalised, before the norm weight" in units) == (architecture(CONFIGS[name]())["block"] not in TORCH_LN)
     assert 0 <= measured - estimated <= 0.03 * measured, (name, attention, measured, estimated, units)
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
-@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if architecture(CONFIGS[n]())["block"] != "phi"))
+@pytest.mark.parametrize("name", sorted(n for n in CONFIGS if architecture(CONFIGS[n]())["block"] not in TORCH_LN))
 def test_under_bf16_autocast(name: str, method: str) -> None:
     """A GPU's bf16 training: bfloat16 weights, the step under autocast (as accelerate runs it; the CPU's autocast
     casts the linear products the same way). Each RMSNorm keeps a float32 copy of its input. With LoRA (PEFT's float32
@@ -169,8 +184,8 @@ def test_under_bf16_autocast(name: str, method: str) -> None:
     in full fine-tuning Gemma's and OLMo 2's norms multiply their weight in float32 (the normalised values they keep
     are float32), the others in bfloat16. A model's own dropout is counted as the CPU keeps it: the noise in
     bfloat16, and SDPA's math path in float32 (CUDA keeps a 1-byte mask and its SDPA drops inside the kernel). Left
-    out: LoRA dropout (the CPU's keeps float32 noise) and Phi (CUDA's autocast runs its LayerNorm in float32, the
-    CPU's in bfloat16: the CPU cannot stand in for it)."""
+    out: LoRA dropout (the CPU's keeps float32 noise) and PyTorch's LayerNorm (Phi, StableLM, Starcoder2: CUDA's
+    autocast runs it in float32, the CPU's in bfloat16: the CPU cannot stand in for it)."""
     card = load_card(REPO / "params" / "smoke.yaml").card if method == "lora" else full_card()
     attention = "eager" if name in EAGER_ONLY else "sdpa"
     measured, estimated, units = saved_and_estimated(name, card, attention, bf16=True)
