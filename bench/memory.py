@@ -20,7 +20,8 @@ concatenated), glm4 (GLM-4-0414's: GLM's with a norm after attention and after t
 residual dropout 0.1), seed_oss (Llama's block dropping the attention probabilities and each sublayer's output at
 0.1, Seed-OSS's defaults), stablelm (StableLM 2's: LayerNorms, a quarter of each head rotated and concatenated),
 stablelm_parallel_qk (StableLM 2 12B's: attention and the MLP in parallel, a LayerNorm on each head's query and key)
-or starcoder2 (LayerNorms, an ungated GELU MLP, dropout 0.1 on the embeddings, attention and each sublayer's output).
+starcoder2 (LayerNorms, an ungated GELU MLP, dropout 0.1 on the embeddings, attention and each sublayer's output),
+arcee (Llama's attention, an ungated ReLU² MLP) or ernie4_5 (Llama's block, its rotary in float32).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -59,7 +60,9 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "stablelm": ("StableLmConfig", {"use_qkv_bias": True}),
                   "stablelm_parallel_qk": ("StableLmConfig", {"use_parallel_residual": True, "qk_layernorm": True}),
                   "starcoder2": ("Starcoder2Config", {"residual_dropout": 0.1, "attention_dropout": 0.1,
-                                                     "embedding_dropout": 0.1})}
+                                                     "embedding_dropout": 0.1}),
+                  # Llama's attention with AFM-4.5B's ungated ReLU² MLP; ERNIE 4.5's block (its rotary in float32)
+                  "arcee": ("ArceeConfig", {}), "ernie4_5": ("Ernie4_5Config", {})}
 
 
 def random_config(arch: str, tokenizer):

@@ -20,6 +20,8 @@ mimic their architecture's base models:
 | `seed-oss` | SeedOssForCausalLM | Seed-OSS 36B: Llama's block with q/k/v biases, head_dim ≠ hidden / heads, untied LM head, its config's dropout on in training (attention probabilities and each sublayer's output, 0.1, applied in the forward rather than by dropout modules), ChatML template |
 | `stablelm` | StableLmForCausalLM | StableLM 2 1.6B: LayerNorms, a quarter of each head rotated (partial rotary, concatenated), q/k/v biases, untied LM head, ChatML template |
 | `starcoder2` | Starcoder2ForCausalLM | StarCoder2: LayerNorms and linears with biases, an ungated tanh-GELU MLP (`c_fc`, `c_proj`), a sliding window, dropout in training on the embeddings, the attention probabilities and each sublayer's output (0.1), tied embeddings, ChatML template |
+| `arcee` | ArceeForCausalLM | AFM-4.5B: Llama's attention, an ungated MLP (`up_proj`, ReLU squared, `down_proj`), untied LM head, ChatML template |
+| `ernie` | Ernie4_5ForCausalLM | ERNIE 4.5 0.3B: Llama's block, an interleaved rotary computed in float32, GQA, tied embeddings, ChatML template |
 | `qwen3` | Qwen3ForCausalLM | Qwen3: q/k RMSNorm, head_dim ≠ hidden / heads, its template (an empty think block opens the last answer unless `enable_thinking=False`), `<think>` as ordinary added tokens |
 | `gemma2` | Gemma2ForCausalLM | Gemma 2: no sdpa kernel (softcapping), head_dim ≠ hidden / heads, tied embeddings, a tokenizer that adds `<bos>`, a template that writes it too, refuses a system message and closes the turn with `<end_of_turn>` (a stop token of the model, not the tokenizer's EOS) |
 | `gemma3` | Gemma3ForConditionalGeneration | Gemma 3 4B and up: the text decoder (four norms a layer, q/k norms, sliding-window layers) beside a vision tower that text rows never run, its template (the system text opens the first user turn), `<end_of_turn>` as a stop token |
@@ -160,6 +162,8 @@ SIZES = {
     "stablelm": {"arch": "StableLm", **_LLAMA, "vocab": 600, "use_qkv_bias": True, "tie_word_embeddings": False},
     "starcoder2": {"arch": "Starcoder2", **_LLAMA, "vocab": 600, "sliding_window": 64, "embedding_dropout": 0.1,
                    "attention_dropout": 0.1, "residual_dropout": 0.1},
+    "arcee": {"arch": "Arcee", **_LLAMA, "vocab": 600, "tie_word_embeddings": False},
+    "ernie": {"arch": "Ernie4_5", **_LLAMA, "head_dim": 32, "vocab": 600},
     "qwen3": {"arch": "Qwen3", **_LLAMA, "head_dim": 32, "vocab": 600, "template": QWEN3, "added": ["<think>", "</think>"]},
     # a mixture of experts (Qwen3-30B-A3B's shape): 4 experts of which 2 run per token, fused in 3-D expert tensors
     "qwen3moe": {"arch": "Qwen3Moe", **_LLAMA, "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 4,

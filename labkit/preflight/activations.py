@@ -26,7 +26,9 @@ token: mean and reciprocal deviation) and a partial rotary that concatenates (o_
 runs attention and the MLP in parallel on one LayerNorm (`use_parallel_residual`) and LayerNorms each head's query
 and key (`qk_layernorm`). Starcoder2 is Llama's attention between LayerNorms with an ungated MLP: c_fc, the tanh
 GELU (PyTorch's, which keeps only its input), c_proj. A LayerNorm's weight takes its gradient from what the norm
-keeps anyway: full fine-tuning adds nothing there (as Phi's).
+keeps anyway: full fine-tuning adds nothing there (as Phi's). Arcee (AFM-4.5B) is Llama's block with an ungated MLP:
+up_proj, a ReLU (which keeps its output) squared, down_proj. ERNIE 4.5 is Llama's block (its float32 rotary keeps
+only each layer's own cos / sin, per position).
 
 Dropout in the model's own config is counted where transformers applies it in training: on each sublayer's output
 before its residual (Phi-2's and Phi-3's `resid_pdrop`, Seed-OSS's `residual_dropout`: a mask each, 1 byte a value
@@ -63,6 +65,9 @@ LAYER_NORM = {"starcoder2", *STABLELM}
 LAYER_NORM_PARALLEL = {"stablelm_parallel", "stablelm_parallel_qk"}
 LAYER_NORM_QK = {"stablelm_qk", "stablelm_parallel_qk"}
 MLP_IN = {"gate_proj", "up_proj", "gate_up_proj", "c_fc"}  # the linears reading the MLP's input (Starcoder2: c_fc)
+# blocks with an ungated MLP (one linear in, its activation, one linear out) → the activation: Starcoder2's tanh GELU
+# keeps its input, Arcee's ReLU its output (the square's input), one intermediate-wide tensor either way
+UNGATED = {"starcoder2": "GELU", "arcee": "ReLU²"}
 
 
 def window_share(config: Any, seq_len: int) -> float:
@@ -186,7 +191,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             head's query and key), "cohere" (one LayerNorm feeding attention and the MLP in parallel), "cohere_qk"
             (Cohere's with a LayerNorm on each head's query and key), "stablelm" (Llama's with LayerNorms and a
             concatenating partial rotary; "_parallel", "_qk": StableLM 2 12B's parallel sublayers, per-head query and
-            key LayerNorms), "starcoder2" (LayerNorms, an ungated GELU MLP) or "phi" (`architecture`).
+            key LayerNorms), "starcoder2" (LayerNorms, an ungated GELU MLP), "arcee" (Llama's with an ungated
+            ReLU² MLP) or "phi" (`architecture`).
         attention: the attn_implementation the model trains with (`attention_units`).
         act_bytes: bytes of one activation value (the unit).
         float32: the attention computes in float32 (`attention_units`).
@@ -245,8 +251,8 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         else:
             units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm}
             inputs = ("normed input (q/k/v)", "normed input (gate/up)")
-        if block == "starcoder2":  # ungated: the tanh GELU keeps its input (c_fc's output), c_proj reads its output
-            units["c_fc output (GELU)"] = i
+        if block in UNGATED:  # the activation's one kept tensor; the linear out reads its output (below)
+            units[f"{UNGATED[block]} input or output"] = i
         else:  # Phi-3's fused gate_up output is the gate and the up: the same 2i and SiLU's i
             units["gate, SiLU, up"] = 3 * i
         if adapted & QKV and shared:
@@ -254,7 +260,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         if adapted & MLP_IN and shared:
             units[inputs[1]] = h
         if adapted & {"down_proj", "c_proj"} and shared:
-            units["GELU output (c_proj)" if block == "starcoder2" else "gated product (down)"] = i
+            units[f"{UNGATED[block]} output (down)" if block in UNGATED else "gated product (down)"] = i
         if (attention in EAGER or block in CONCATENATED_ROTARY) and "o_proj" in adapted and shared:
             units["attention output, contiguous (o_proj)"] = shape.q  # (else o_proj reads the output SDPA keeps)
         if block in SANDWICH:  # Gemma 2 and 3 (GLM-4-0414) also norm the attention's and the MLP's outputs
@@ -302,7 +308,8 @@ ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "llama", "qwen3"
                  "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2",
                  "olmo3": "olmo2", "exaone4": "exaone4", "smollm3": "llama", "granite": "llama", "cohere": "cohere",
                  "cohere2": "cohere", "glm": "phi3", "glm4": "glm4", "seed_oss": "llama", "ministral3": "llama",
-                 "helium": "gemma", "hunyuan_v1_dense": "qwen3", "stablelm": "stablelm", "starcoder2": "starcoder2"}
+                 "helium": "gemma", "hunyuan_v1_dense": "qwen3", "stablelm": "stablelm", "starcoder2": "starcoder2",
+                 "arcee": "arcee", "ernie4_5": "llama"}
 
 
 def architecture(config: Any) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Tiny Llama 3, Mistral, Qwen2, Phi, Phi-3, OLMo 2, OLMo 3, EXAONE 4, Cohere, GLM-4, Seed-OSS, StableLM, Starcoder2,
-Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's checks, LoRA, the
-update check on two real trainer steps, the memory estimate and greedy generation from the card's prompt format. The
-real-size configs (Llama 3 8B, Mistral 7B, Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, GLM-4-9B, StableLM 2 12B, …)
-are estimated on the meta device; an architecture the estimate does not model says so."""
+Arcee, ERNIE 4.5, Gemma 2, Gemma 3 (with a vision tower) and Qwen3 models in one process: encoding and stage 02's
+checks, LoRA, the update check on two real trainer steps, the memory estimate and greedy generation from the card's
+prompt format. The real-size configs (Llama 3 8B, Mistral 7B, Phi-2, OLMo 3 7B, EXAONE 4.0 32B, Command R, GLM-4-9B,
+StableLM 2 12B, …) are estimated on the meta device; an architecture the estimate does not model says so."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ SMOKE = yaml.safe_load((REPO / "params" / "smoke.yaml").read_text())
 CASES = {"llama3": {}, "qwen2": {}, "mistral": {"chat_template": "chatml"}, "phi": {"format": "plain"},
          "gemma2": {"system_in": "user"}, "gemma3": {}, "qwen3": {"chat_template_kwargs": {"enable_thinking": False}},
          "phi3": {}, "olmo2": {}, "olmo3": {}, "exaone4": {}, "cohere": {}, "glm4": {}, "seed-oss": {}, "stablelm": {},
-         "starcoder2": {}}
+         "starcoder2": {}, "arcee": {}, "ernie": {}}
 # LoRA'd linears per layer (Phi: q k v dense fc1 fc2; Phi-3: qkv_proj o_proj gate_up_proj down_proj; GLM-4: q k v o
-# gate_up_proj down_proj; Starcoder2: q k v o c_fc c_proj)
+# gate_up_proj down_proj; Starcoder2: q k v o c_fc c_proj; Arcee: q k v o up down)
 LAYER_TENSORS = {"llama3": 7, "qwen2": 7, "mistral": 7, "phi": 6, "gemma2": 7, "gemma3": 7, "qwen3": 7, "phi3": 4,
                  "olmo2": 7, "olmo3": 7, "exaone4": 7, "cohere": 7, "glm4": 6, "seed-oss": 7, "stablelm": 7,
-                 "starcoder2": 6}
+                 "starcoder2": 6, "arcee": 6, "ernie": 7}
 # the linears the update moves where some are fused (Phi-3's q/k/v, Phi-3's and GLM-4's gate and up)
 FUSED = {"phi3": {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"},
          "glm4": {"q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"}}
@@ -306,7 +306,7 @@ def test_stablelm_and_starcoder2_shapes_on_meta() -> None:
     est = estimate_step(dropped, full, 512, padded=False)
     units = est["activation_units_per_token_layer"]
     assert est["modelled"] and architecture(dropped)["block"] == "starcoder2"
-    assert units["c_fc output (GELU)"] == 12288 and "gate, SiLU, up" not in units
+    assert units["GELU input or output"] == 12288 and "gate, SiLU, up" not in units
     assert units["residual dropout masks"] == 2 * 3072 and "normalised, before the norm weight" not in units
     tokens = 512 * est["rows"]
     for device, byte in (("cpu", 4), (gpu_profile(80, "9.0"), 1)):  # the embeddings' mask, once per token
@@ -315,6 +315,26 @@ def test_stablelm_and_starcoder2_shapes_on_meta() -> None:
         with_mask, without = (estimate_step(c, chosen, 512, device=device, padded=False)["breakdown"]["activations"]
                               for c in (Starcoder2Config(**coder, embedding_dropout=0.1), Starcoder2Config(**coder)))
         assert with_mask - without == tokens * 3072 * byte
+
+
+def test_arcee_and_ernie_shapes_on_meta() -> None:
+    """AFM-4.5B (`arcee`: Llama's attention, an ungated ReLU² MLP: one intermediate-wide tensor kept where Llama's
+    gated MLP keeps three) and ERNIE 4.5 0.3B (`ernie4_5`: Llama's block) at transformers' defaults for them."""
+    from transformers import ArceeConfig, Ernie4_5Config, LlamaConfig
+
+    card = card_for("arcee")
+    arcee = ArceeConfig()  # AFM-4.5B: 2560 wide, MLP 18432, 32 layers of 32 heads of 80
+    est = estimate_step(arcee, card, 512, padded=False)
+    units = est["activation_units_per_token_layer"]
+    assert est["modelled"] and architecture(arcee)["block"] == "arcee" and set(est["adapted"]) == {
+        "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
+    assert units["ReLU² input or output"] == units["ReLU² output (down)"] == 18432 and "gate, SiLU, up" not in units
+    ernie = Ernie4_5Config()  # 0.3B: 1024 wide, 18 layers, 16 heads of 128 over 2 KV heads, a 103,424-token vocabulary
+    sizes = {k: getattr(ernie, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                            "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
+    est, llama = (estimate_step(c, card, 512, padded=False) for c in (ernie, LlamaConfig(**sizes)))
+    assert est["modelled"] and est["activation_units_per_token_layer"] == llama["activation_units_per_token_layer"]
+    assert est["activation_units_per_token_layer"]["keys, values"] == 2 * 2 * 128
 
 
 def test_unmodelled_architecture_is_named_and_the_measurement_shown_alone() -> None:

@@ -3,16 +3,16 @@ for the backward (torch's saved-tensor hooks, each storage counted once, paramet
 Llama, a Llama whose head_dim × heads is not its hidden size (Mistral NeMo's shape), a Qwen3 (a norm on each head's
 query and key), a Gemma (GeGLU), a Gemma 2 (four norms a layer, softcapped eager attention), a Gemma 3 (four norms,
 query and key norms, a sliding window shorter or longer than the sequence), an OLMo 2 (norms after each sublayer, on
-the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on
-each head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one
-LayerNorm; Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), a GLM-4 (Phi-3's
-fused MLP input and concatenated rotary; GLM-4-0414's four norms) and models that drop in training (a Llama with
-attention dropout, Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), a Ministral 3, a HunYuan dense, a
-Helium, a StableLM (LayerNorms, a concatenating partial rotary; StableLM 2 12B's parallel block and per-head query and
-key LayerNorms; its MLP-output dropout) and a Starcoder2 (LayerNorms, an ungated GELU MLP, residual and attention
-dropout), with LoRA on every linear layer, in float32, with and without padding, with sdpa and eager attention; and
-with full fine-tuning, where each trainable norm also keeps the values its weight multiplies; both also in bfloat16
-under the CPU's autocast."""
+the whole query and key), an OLMo 3 (OLMo 2's block, sliding-window layers), an EXAONE 4 (OLMo 2's norms, but on each
+head's query and key; global layers without rotary), a Cohere (attention and the MLP in parallel on one LayerNorm;
+Command R+'s query and key LayerNorms; Cohere 2's windowed and rotary-free layers), a GLM-4 (Phi-3's fused MLP input
+and concatenated rotary; GLM-4-0414's four norms) and models that drop in training (a Llama with attention dropout,
+Phi-2's and Phi-3's residual dropout, a Seed-OSS with both), a Ministral 3, a HunYuan dense, a Helium, a StableLM
+(LayerNorms, a concatenating partial rotary; StableLM 2 12B's parallel block and per-head query and key LayerNorms;
+its MLP-output dropout), a Starcoder2 (LayerNorms, an ungated GELU MLP, residual and attention dropout), an Arcee
+(an ungated ReLU² MLP) and an ERNIE 4.5, with LoRA on every linear layer, in float32, with and without padding, with
+sdpa and eager attention; and with full fine-tuning, where each trainable norm also keeps the values its weight
+multiplies; both also in bfloat16 under the CPU's autocast."""
 
 from __future__ import annotations
 
@@ -93,6 +93,10 @@ CONFIGS = {"llama": lambda: transformers.LlamaConfig(**SIZES),
            "starcoder2": lambda: transformers.Starcoder2Config(**SIZES, **IDS),
            "starcoder2, residual and attention dropout": lambda: transformers.Starcoder2Config(
                **SIZES, **IDS, residual_dropout=0.1, attention_dropout=0.1),
+           # Arcee (AFM-4.5B): Llama's attention, an ungated MLP (up_proj, ReLU squared, down_proj); ERNIE 4.5: Llama's
+           # block, its rotary in float32 with each layer's own cos / sin
+           "arcee": lambda: transformers.ArceeConfig(**SIZES, **IDS),
+           "ernie4_5, head_dim 16": lambda: transformers.Ernie4_5Config(**SIZES, **IDS, head_dim=16),
            "granite": lambda: transformers.GraniteConfig(**SIZES, **IDS, embedding_multiplier=12.0, logits_scaling=8.0,
                                                          residual_multiplier=0.22, attention_multiplier=0.015625)}
 TORCH_LN = {"phi", *LAYER_NORM}  # blocks normed by PyTorch's LayerNorm
