@@ -21,7 +21,9 @@ residual dropout 0.1), seed_oss (Llama's block dropping the attention probabilit
 0.1, Seed-OSS's defaults), stablelm (StableLM 2's: LayerNorms, a quarter of each head rotated and concatenated),
 stablelm_parallel_qk (StableLM 2 12B's: attention and the MLP in parallel, a LayerNorm on each head's query and key)
 starcoder2 (LayerNorms, an ungated GELU MLP, dropout 0.1 on the embeddings, attention and each sublayer's output),
-arcee (Llama's attention, an ungated ReLU² MLP) or ernie4_5 (Llama's block, its rotary in float32).
+arcee (Llama's attention, an ungated ReLU² MLP), ernie4_5 (Llama's block, its rotary in float32), ministral3 (Ministral
+3's text decoder: Llama's block), helium (Gemma's block) or hunyuan_v1_dense (Qwen3's block, its query and key norms
+after the rotary).
 
 Prints one JSON object. Run: .venv/bin/python bench/memory.py [--lengths 128 512] [--methods full lora qlora]
 [--attention eager] [--random gemma2]
@@ -62,7 +64,10 @@ RANDOM_CLASSES = {"llama": ("LlamaConfig", {}), "gemma": ("GemmaConfig", {}),
                   "starcoder2": ("Starcoder2Config", {"residual_dropout": 0.1, "attention_dropout": 0.1,
                                                      "embedding_dropout": 0.1}),
                   # Llama's attention with AFM-4.5B's ungated ReLU² MLP; ERNIE 4.5's block (its rotary in float32)
-                  "arcee": ("ArceeConfig", {}), "ernie4_5": ("Ernie4_5Config", {})}
+                  "arcee": ("ArceeConfig", {}), "ernie4_5": ("Ernie4_5Config", {}),
+                  # Llama's block (Ministral 3's text decoder), Gemma's (Helium), Qwen3's (HunYuan dense)
+                  "ministral3": ("Ministral3Config", {}), "helium": ("HeliumConfig", {}),
+                  "hunyuan_v1_dense": ("HunYuanDenseV1Config", {})}
 
 
 def random_config(arch: str, tokenizer):
