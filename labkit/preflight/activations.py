@@ -65,9 +65,11 @@ LAYER_NORM = {"starcoder2", *STABLELM}
 LAYER_NORM_PARALLEL = {"stablelm_parallel", "stablelm_parallel_qk"}
 LAYER_NORM_QK = {"stablelm_qk", "stablelm_parallel_qk"}
 MLP_IN = {"gate_proj", "up_proj", "gate_up_proj", "c_fc"}  # the linears reading the MLP's input (Starcoder2: c_fc)
-# blocks with an ungated MLP (one linear in, its activation, one linear out) → the activation: Starcoder2's tanh GELU
-# keeps its input, Arcee's ReLU its output (the square's input), one intermediate-wide tensor either way
-UNGATED = {"starcoder2": "GELU", "arcee": "ReLU²"}
+# blocks with an ungated MLP (one linear in, its activation, one linear out) → the one intermediate-wide tensor the
+# activation keeps (Starcoder2's tanh GELU its input, Arcee's ReLU its output, the square's input) and the one the
+# linear out reads
+UNGATED = {"starcoder2": ("c_fc output (GELU input)", "GELU output (c_proj)"),
+           "arcee": ("ReLU output (its square's input)", "ReLU² output (down)")}
 
 
 def window_share(config: Any, seq_len: int) -> float:
@@ -252,7 +254,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
             units = {"layer input (norm)": h * norm, "post-attention residual (norm)": h * norm, "norm scales": 2 * norm}
             inputs = ("normed input (q/k/v)", "normed input (gate/up)")
         if block in UNGATED:  # the activation's one kept tensor; the linear out reads its output (below)
-            units[f"{UNGATED[block]} input or output"] = i
+            units[UNGATED[block][0]] = i
         else:  # Phi-3's fused gate_up output is the gate and the up: the same 2i and SiLU's i
             units["gate, SiLU, up"] = 3 * i
         if adapted & QKV and shared:
@@ -260,7 +262,7 @@ def activation_units(shape: Shape, card: Card, params: dict[str, Any], seq_len: 
         if adapted & MLP_IN and shared:
             units[inputs[1]] = h
         if adapted & {"down_proj", "c_proj"} and shared:
-            units[f"{UNGATED[block]} output (down)" if block in UNGATED else "gated product (down)"] = i
+            units[UNGATED[block][1] if block in UNGATED else "gated product (down)"] = i
         if (attention in EAGER or block in CONCATENATED_ROTARY) and "o_proj" in adapted and shared:
             units["attention output, contiguous (o_proj)"] = shape.q  # (else o_proj reads the output SDPA keeps)
         if block in SANDWICH:  # Gemma 2 and 3 (GLM-4-0414) also norm the attention's and the MLP's outputs

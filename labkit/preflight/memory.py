@@ -253,7 +253,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     saved = saved_ckpt if ckpt else saved_plain
     n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
-    if shape.embedding_dropout > 0:  # its mask, once per token: 1 byte a value on CUDA, the scaled noise on the CPU
+    if shape.embedding_dropout > 0:  # also kept outside the layers: the embeddings' dropout mask (Starcoder2), 1 byte a
+        # value on CUDA, the scaled noise on the CPU
         head_saved += tokens * shape.hidden * (1 if kind == "cuda" else act_bytes)
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
     if card.train.trainer == "sft" and kind != "cuda":

@@ -306,7 +306,7 @@ def test_stablelm_and_starcoder2_shapes_on_meta() -> None:
     est = estimate_step(dropped, full, 512, padded=False)
     units = est["activation_units_per_token_layer"]
     assert est["modelled"] and architecture(dropped)["block"] == "starcoder2"
-    assert units["GELU input or output"] == 12288 and "gate, SiLU, up" not in units
+    assert units["c_fc output (GELU input)"] == 12288 and "gate, SiLU, up" not in units
     assert units["residual dropout masks"] == 2 * 3072 and "normalised, before the norm weight" not in units
     tokens = 512 * est["rows"]
     for device, byte in (("cpu", 4), (gpu_profile(80, "9.0"), 1)):  # the embeddings' mask, once per token
@@ -328,7 +328,8 @@ def test_arcee_and_ernie_shapes_on_meta() -> None:
     units = est["activation_units_per_token_layer"]
     assert est["modelled"] and architecture(arcee)["block"] == "arcee" and set(est["adapted"]) == {
         "q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"}
-    assert units["ReLU² input or output"] == units["ReLU² output (down)"] == 18432 and "gate, SiLU, up" not in units
+    assert units["ReLU output (its square's input)"] == units["ReLU² output (down)"] == 18432
+    assert "gate, SiLU, up" not in units
     ernie = Ernie4_5Config()  # 0.3B: 1024 wide, 18 layers, 16 heads of 128 over 2 KV heads, a 103,424-token vocabulary
     sizes = {k: getattr(ernie, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                             "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size")}
