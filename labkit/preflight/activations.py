@@ -35,8 +35,8 @@ before its residual (Phi-2's and Phi-3's `resid_pdrop`, Seed-OSS's `residual_dro
 on CUDA, the scaled noise in the activations' dtype on the CPU) and on the attention probabilities
 (`attention_dropout`: eager attention keeps the dropped probabilities and the mask; CUDA's SDPA kernels drop inside
 the kernel and keep nothing more, while the CPU's SDPA runs its math path, which keeps what eager attention keeps);
-StableLM's `hidden_dropout` drops the MLP's output alone, Starcoder2's `embedding_dropout` the embeddings once per
-token (`labkit.preflight.memory`).
+StableLM's `hidden_dropout` drops the MLP's output alone; Starcoder2's `embedding_dropout` and Phi's `embd_pdrop`
+drop the embeddings, once per token (`labkit.preflight.memory`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class Shape:
     attention_dropout: float = 0.0  # dropout on the attention probabilities in training (Seed-OSS: 0.1)
     residual_dropout: float = 0.0  # dropout on each sublayer's output before its residual (Phi-2, Seed-OSS: 0.1)
     mlp_dropout: float = 0.0  # dropout on the MLP's output alone (StableLM's hidden_dropout)
-    embedding_dropout: float = 0.0  # dropout on the embeddings, once per token (Starcoder2)
+    embedding_dropout: float = 0.0  # dropout on the embeddings, once per token (Starcoder2; Phi's embd_pdrop)
 
     @property
     def kv(self) -> int:
@@ -89,15 +89,16 @@ def weight_dtype(card: Card, device: str | DeviceProfile) -> str:
 def shape_of(config: Any) -> Shape:
     """Read the layer count and widths from a transformers config (text part of multimodal ones)."""
     c = text_config(config)
-    heads = c.num_attention_heads
+    heads, model_type = c.num_attention_heads, getattr(c, "model_type", "")
     return Shape(layers=c.num_hidden_layers, hidden=c.hidden_size, intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size),
                  heads=heads, kv_heads=getattr(c, "num_key_value_heads", None) or heads,
                  head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, vocab=c.vocab_size,
                  attention_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
                  residual_dropout=float(getattr(c, "resid_pdrop", 0.0) or getattr(c, "residual_dropout", 0.0) or 0.0),
-                 mlp_dropout=float(getattr(c, "hidden_dropout", 0.0) or 0.0)
-                 if getattr(c, "model_type", "") == "stablelm" else 0.0,
-                 embedding_dropout=float(getattr(c, "embedding_dropout", 0.0) or 0.0))
+                 mlp_dropout=float(getattr(c, "hidden_dropout", 0.0) or 0.0) if model_type == "stablelm" else 0.0,
+                 # Starcoder2's, and Phi's embd_pdrop (Phi-3's config has one that transformers never applies)
+                 embedding_dropout=float(getattr(c, "embedding_dropout", 0.0) or 0.0) or (
+                     float(getattr(c, "embd_pdrop", 0.0) or 0.0) if model_type == "phi" else 0.0))
 
 
 def meta_model(config: Any, card: Card) -> Any:

@@ -315,6 +315,13 @@ def test_stablelm_and_starcoder2_shapes_on_meta() -> None:
         with_mask, without = (estimate_step(c, chosen, 512, device=device, padded=False)["breakdown"]["activations"]
                               for c in (Starcoder2Config(**coder, embedding_dropout=0.1), Starcoder2Config(**coder)))
         assert with_mask - without == tokens * 3072 * byte
+    # Phi's embd_pdrop is the same mask; Phi-3's config carries one that transformers never applies
+    from transformers import Phi3Config, PhiConfig
+
+    for config, dropped in ((PhiConfig, True), (Phi3Config, False)):
+        with_mask, without = (estimate_step(config(**coder, **extra), full, 512, padded=False)["breakdown"]["activations"]
+                              for extra in ({"embd_pdrop": 0.1}, {}))
+        assert with_mask - without == (tokens * 3072 * 4 if dropped else 0)
 
 
 def test_arcee_and_ernie_shapes_on_meta() -> None:
