@@ -6,7 +6,8 @@ architecture. The activation term counts, per decoder layer and per token, the t
 for the backward pass of the block's architecture (`labkit.preflight.activations.ARCHITECTURES`): a Llama-style
 block (Llama, Llama 3, Mistral, Qwen2, Gemma: RMSNorm, rotary attention through SDPA, gated MLP; Qwen3's adds a norm
 on each head's query and key; Gemma 2's and Gemma 3's a norm after attention and after the MLP, Gemma 2's softcapped
-eager attention, Gemma 3's query and key norms; SmolLM3, Granite and Seed-OSS as Llama's; Phi-3's (and GLM-4's) fused
+eager attention, Gemma 3's query and key norms; SmolLM3, Granite, Seed-OSS and ERNIE 4.5 as Llama's, Arcee's with an
+ungated ReLU² MLP; Phi-3's (and GLM-4's) fused
 gate_up_proj, GLM-4-0414's with Gemma 2's four norms; OLMo 2's and EXAONE 4's norms after each sublayer; Cohere's
 one float32 LayerNorm feeding attention and the MLP in parallel; StableLM's LayerNorms and concatenating partial
 rotary; Starcoder2's LayerNorms and ungated GELU MLP), or Phi's (one LayerNorm, attention and a GELU MLP
@@ -254,8 +255,8 @@ def estimate_step(config: Any, card: Card, seq_len: int, micro_batch: int | None
     saved = saved_ckpt if ckpt else saved_plain
     n = rows * (seq_len - 1)
     head_saved = 2 * tokens * shape.hidden * act_bytes  # final norm input and the flattened hidden states
-    if shape.embedding_dropout > 0:  # also kept outside the layers: the embeddings' dropout mask (Starcoder2), 1 byte a
-        # value on CUDA, the scaled noise on the CPU
+    if shape.embedding_dropout > 0:  # also kept outside the layers: the embeddings' dropout mask (Starcoder2's, Phi's),
+        # 1 byte a value on CUDA, the scaled noise on the CPU
         head_saved += tokens * shape.hidden * (1 if kind == "cuda" else act_bytes)
     grad_hidden = n * shape.hidden * 4  # the head's fp32 gradient of the hidden states
     if card.train.trainer == "sft" and kind != "cuda":
